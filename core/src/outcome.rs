@@ -1,0 +1,264 @@
+//! The vocabulary between the state machine and a lock service: who asks, what came
+//! back, and why a lease ended.
+
+use core::fmt;
+
+use crate::{Duration, Fence};
+
+/// Identifies one request the state machine asked its driver to send.
+///
+/// Ids only grow for the life of a [`Lease`](crate::Lease) (across terms), so an answer
+/// that carries an old id is recognisably stale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct RequestId(pub u64);
+
+/// One acquisition of the lease, from grant to loss or release.
+///
+/// A new acquire starts a new term with a new fence; a term never comes back once it
+/// ended, so "lost" is final within a term.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Term(pub u32);
+
+/// The 128-bit identity a client presents to the lock service.
+///
+/// Random where an RNG exists (the adapters do that); supplied by the caller on bare
+/// metal, e.g. from a device serial number. It must differ between clients contending
+/// for the same key. The value stored at the service is an [`OwnerToken`]: this owner
+/// *and* the term, so that a late release from an old term can never delete the
+/// caller's own newer grant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Owner(pub [u8; 16]);
+
+/// What the lock service stores as the holder of a key: owner plus term.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct OwnerToken {
+    /// The client.
+    pub owner: Owner,
+    /// The client's term the grant belongs to.
+    pub term: Term,
+}
+
+/// An [`OwnerToken`] rendered as ASCII, `<32 hex digits>.<term in hex>`, without
+/// allocating; what text-based services (Redis, etcd) store.
+#[derive(Clone, Copy)]
+pub struct EncodedToken {
+    buf: [u8; EncodedToken::CAPACITY],
+    len: u8,
+}
+
+impl Owner {
+    /// The token stored at the service for this owner's `term`.
+    pub const fn token(self, term: Term) -> OwnerToken {
+        OwnerToken { owner: self, term }
+    }
+}
+
+impl OwnerToken {
+    /// The ASCII form, e.g. `000102030405060708090a0b0c0d0e0f.1c`.
+    pub fn encode(&self) -> EncodedToken {
+        let mut out = EncodedToken {
+            buf: [0; EncodedToken::CAPACITY],
+            len: 0,
+        };
+        for byte in self.owner.0 {
+            out.push(hex_digit(byte >> 4));
+            out.push(hex_digit(byte));
+        }
+        out.push(b'.');
+        let term = self.term.0;
+        let mut started = false;
+        for nibble in (0..8u32).rev() {
+            let digit = (term >> nibble.wrapping_mul(4)) as u8;
+            started |= digit & 0xf != 0 || nibble == 0;
+            if started {
+                out.push(hex_digit(digit));
+            }
+        }
+        out
+    }
+}
+
+/// The lowercase hex digit of the low nibble of `value`.
+const fn hex_digit(value: u8) -> u8 {
+    let nibble = value & 0xf;
+    if nibble < 10 {
+        b'0'.wrapping_add(nibble)
+    } else {
+        b'a'.wrapping_add(nibble.wrapping_sub(10))
+    }
+}
+
+impl EncodedToken {
+    /// The longest encoding: 32 hex digits, a dot, 8 hex digits.
+    pub const CAPACITY: usize = 41;
+
+    fn push(&mut self, byte: u8) {
+        if let Some(slot) = self.buf.get_mut(usize::from(self.len)) {
+            *slot = byte;
+            self.len = self.len.wrapping_add(1);
+        }
+    }
+
+    /// The encoded bytes (always ASCII).
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.get(..usize::from(self.len)).unwrap_or(&[])
+    }
+
+    /// The encoded text.
+    pub fn as_str(&self) -> &str {
+        core::str::from_utf8(self.as_bytes()).unwrap_or("")
+    }
+}
+
+impl fmt::Debug for EncodedToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl fmt::Display for OwnerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.encode().as_str())
+    }
+}
+
+/// Why an answer does not say whether the service did what was asked.
+///
+/// An indeterminate renewal is not a loss: the lease is retried inside its remaining
+/// budget. Only the safe deadline passing turns it into [`LossReason::Expired`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
+pub enum Indeterminate {
+    /// No answer within the request timeout.
+    Timeout,
+    /// The connection failed (refused, reset, closed).
+    Transport,
+    /// The service answered something this client cannot interpret.
+    Protocol,
+    /// The service answered with an error of its own (busy, loading, read-only…).
+    Service,
+    /// The service said yes, but the answer arrived after the safe deadline that
+    /// answer itself allows, so it cannot be trusted to cover anything.
+    LateSuccess,
+}
+
+impl fmt::Display for Indeterminate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Indeterminate::Timeout => "no answer within the request timeout",
+            Indeterminate::Transport => "transport failure",
+            Indeterminate::Protocol => "unintelligible answer from the lock service",
+            Indeterminate::Service => "the lock service answered with an error",
+            Indeterminate::LateSuccess => "success arrived after its own safe deadline",
+        })
+    }
+}
+
+/// What a lock service answered to an acquire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum AcquireOutcome {
+    /// The lease is ours for `ttl` *as granted by the service* (not as requested),
+    /// with this fence.
+    Granted {
+        /// Strictly greater than every fence granted before for this key.
+        fence: Fence,
+        /// The TTL the service applied.
+        ttl: Duration,
+    },
+    /// Somebody else holds it.
+    HeldByAnother,
+    /// Unknown: it may or may not have been granted.
+    Indeterminate(Indeterminate),
+}
+
+/// What a lock service answered to a renewal (compare-owner-and-expire).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum RenewOutcome {
+    /// Extended by `ttl` from when the service handled it.
+    Renewed {
+        /// The TTL the service applied.
+        ttl: Duration,
+    },
+    /// The service says this owner token does not hold the key: definitive.
+    NotOwner,
+    /// Unknown: it may or may not have been extended.
+    Indeterminate(Indeterminate),
+}
+
+/// What a lock service answered to a release (compare-owner-and-delete).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum ReleaseOutcome {
+    /// Deleted.
+    Released,
+    /// It was not ours any more (expired or taken): nothing to delete.
+    NotOwner,
+    /// Unknown; the service's TTL will clean up.
+    Indeterminate(Indeterminate),
+}
+
+/// Why a term ended in loss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The service answered a renewal with "not owner": definitive, at once.
+    NotOwner,
+    /// The safe deadline passed without a confirmed renewal.
+    Expired,
+    /// The service reported, unprompted, that the lease is gone (key deleted, lease
+    /// revoked).
+    Revoked,
+    /// The service confirmed a renewal that ends *earlier* than the lease it replaces.
+    /// The old deadline can no longer be trusted and deadlines never move back, so the
+    /// term ends.
+    Shortened,
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LossReason::NotOwner => "the lock service says we are not the owner",
+            LossReason::Expired => "the safe deadline passed without a confirmed renewal",
+            LossReason::Revoked => "the lock service revoked the lease",
+            LossReason::Shortened => "the lock service shortened the lease",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_encoding_is_owner_hex_dot_term_hex() {
+        let owner = Owner([
+            0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d,
+            0x0e, 0xff,
+        ]);
+        assert_eq!(
+            owner.token(Term(0x1c)).encode().as_str(),
+            "000102030405060708090a0b0c0d0eff.1c"
+        );
+        assert_eq!(owner.token(Term(0)).encode().as_str().len(), 34);
+        let max = owner.token(Term(u32::MAX)).encode();
+        assert_eq!(max.as_bytes().len(), EncodedToken::CAPACITY);
+        assert!(max.as_str().ends_with(".ffffffff"));
+    }
+
+    #[test]
+    fn tokens_of_different_terms_differ() {
+        let owner = Owner([7; 16]);
+        assert_ne!(
+            owner.token(Term(1)).encode().as_str(),
+            owner.token(Term(2)).encode().as_str()
+        );
+    }
+}

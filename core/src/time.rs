@@ -1,0 +1,325 @@
+//! The core's own monotonic time: `u64` microseconds, no clock inside.
+//!
+//! The state machine never reads a clock. Every input carries an [`Instant`] the caller
+//! took from a *monotonic* source (tokio's `Instant`, embassy's `Instant::as_micros()`,
+//! a hardware timer). The origin is arbitrary and per process; only differences matter.
+//!
+//! All arithmetic is checked or saturating: nothing here can panic, whatever the input.
+//! The `+`/`-` operators saturate (at [`Instant::MAX`], [`Duration::MAX`] or zero), which
+//! is the conservative direction for every use in this crate: a saturated deadline is
+//! only ever compared against, and `Instant::MAX` is 584,000 years away.
+
+use core::fmt;
+use core::ops::{Add, Sub};
+
+const MICROS_PER_MILLI: u64 = 1_000;
+const MICROS_PER_SEC: u64 = 1_000_000;
+
+/// A point on the caller's monotonic clock, in microseconds since an arbitrary origin.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Instant {
+    micros: u64,
+}
+
+/// A span of monotonic time, in microseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Duration {
+    micros: u64,
+}
+
+impl Instant {
+    /// The origin of the clock.
+    pub const ZERO: Instant = Instant { micros: 0 };
+    /// The latest representable instant; used as "never".
+    pub const MAX: Instant = Instant { micros: u64::MAX };
+
+    /// An instant `micros` microseconds after the origin.
+    pub const fn from_micros(micros: u64) -> Instant {
+        Instant { micros }
+    }
+
+    /// An instant `millis` milliseconds after the origin (saturating).
+    pub const fn from_millis(millis: u64) -> Instant {
+        Instant {
+            micros: millis.saturating_mul(MICROS_PER_MILLI),
+        }
+    }
+
+    /// An instant `secs` seconds after the origin (saturating).
+    pub const fn from_secs(secs: u64) -> Instant {
+        Instant {
+            micros: secs.saturating_mul(MICROS_PER_SEC),
+        }
+    }
+
+    /// Microseconds since the origin.
+    pub const fn as_micros(self) -> u64 {
+        self.micros
+    }
+
+    /// Milliseconds since the origin, rounded down.
+    pub const fn as_millis(self) -> u64 {
+        self.micros / MICROS_PER_MILLI
+    }
+
+    /// `self + d`, or `None` if that is past [`Instant::MAX`].
+    pub const fn checked_add(self, d: Duration) -> Option<Instant> {
+        match self.micros.checked_add(d.micros) {
+            Some(micros) => Some(Instant { micros }),
+            None => None,
+        }
+    }
+
+    /// `self - d`, or `None` if that is before the origin.
+    pub const fn checked_sub(self, d: Duration) -> Option<Instant> {
+        match self.micros.checked_sub(d.micros) {
+            Some(micros) => Some(Instant { micros }),
+            None => None,
+        }
+    }
+
+    /// `self + d`, clamped to [`Instant::MAX`].
+    pub const fn saturating_add(self, d: Duration) -> Instant {
+        Instant {
+            micros: self.micros.saturating_add(d.micros),
+        }
+    }
+
+    /// `self - d`, clamped to the origin.
+    pub const fn saturating_sub(self, d: Duration) -> Instant {
+        Instant {
+            micros: self.micros.saturating_sub(d.micros),
+        }
+    }
+
+    /// Time from `earlier` to `self`, or `None` if `earlier` is later than `self`.
+    pub const fn checked_duration_since(self, earlier: Instant) -> Option<Duration> {
+        match self.micros.checked_sub(earlier.micros) {
+            Some(micros) => Some(Duration { micros }),
+            None => None,
+        }
+    }
+
+    /// Time from `earlier` to `self`, or zero if `earlier` is later than `self`.
+    pub const fn saturating_duration_since(self, earlier: Instant) -> Duration {
+        Duration {
+            micros: self.micros.saturating_sub(earlier.micros),
+        }
+    }
+}
+
+impl Duration {
+    /// No time at all.
+    pub const ZERO: Duration = Duration { micros: 0 };
+    /// The longest representable span.
+    pub const MAX: Duration = Duration { micros: u64::MAX };
+
+    /// `micros` microseconds.
+    pub const fn from_micros(micros: u64) -> Duration {
+        Duration { micros }
+    }
+
+    /// `millis` milliseconds (saturating).
+    pub const fn from_millis(millis: u64) -> Duration {
+        Duration {
+            micros: millis.saturating_mul(MICROS_PER_MILLI),
+        }
+    }
+
+    /// `secs` seconds (saturating).
+    pub const fn from_secs(secs: u64) -> Duration {
+        Duration {
+            micros: secs.saturating_mul(MICROS_PER_SEC),
+        }
+    }
+
+    /// The span in microseconds.
+    pub const fn as_micros(self) -> u64 {
+        self.micros
+    }
+
+    /// The span in milliseconds, rounded down.
+    pub const fn as_millis(self) -> u64 {
+        self.micros / MICROS_PER_MILLI
+    }
+
+    /// Whether this is the empty span.
+    pub const fn is_zero(self) -> bool {
+        self.micros == 0
+    }
+
+    /// `self + rhs`, or `None` on overflow.
+    pub const fn checked_add(self, rhs: Duration) -> Option<Duration> {
+        match self.micros.checked_add(rhs.micros) {
+            Some(micros) => Some(Duration { micros }),
+            None => None,
+        }
+    }
+
+    /// `self - rhs`, or `None` if `rhs` is longer.
+    pub const fn checked_sub(self, rhs: Duration) -> Option<Duration> {
+        match self.micros.checked_sub(rhs.micros) {
+            Some(micros) => Some(Duration { micros }),
+            None => None,
+        }
+    }
+
+    /// `self + rhs`, clamped to [`Duration::MAX`].
+    pub const fn saturating_add(self, rhs: Duration) -> Duration {
+        Duration {
+            micros: self.micros.saturating_add(rhs.micros),
+        }
+    }
+
+    /// `self - rhs`, clamped to zero.
+    pub const fn saturating_sub(self, rhs: Duration) -> Duration {
+        Duration {
+            micros: self.micros.saturating_sub(rhs.micros),
+        }
+    }
+
+    /// `self * n`, clamped to [`Duration::MAX`].
+    pub const fn saturating_mul(self, n: u64) -> Duration {
+        Duration {
+            micros: self.micros.saturating_mul(n),
+        }
+    }
+
+    /// `self / n`, rounded down; `None` when `n` is zero.
+    pub const fn checked_div(self, n: u64) -> Option<Duration> {
+        match self.micros.checked_div(n) {
+            Some(micros) => Some(Duration { micros }),
+            None => None,
+        }
+    }
+
+    /// The share `ppm / 1_000_000` of this span, rounded *up*, saturating.
+    ///
+    /// Rounding up makes a clock-drift allowance never smaller than the exact value, so a
+    /// deadline computed with it is never later than the exact one. Computed in two parts
+    /// so that it needs no 128-bit arithmetic (which costs flash on a Cortex-M0).
+    pub const fn ppm_ceil(self, ppm: u32) -> Duration {
+        let ppm = ppm as u64;
+        let whole = (self.micros / MICROS_PER_SEC).saturating_mul(ppm);
+        // `rem < 1e6` and `ppm < 2^32`, so the product fits in a u64.
+        let rem = self.micros % MICROS_PER_SEC;
+        let part = rem.wrapping_mul(ppm).div_ceil(MICROS_PER_SEC);
+        Duration {
+            micros: whole.saturating_add(part),
+        }
+    }
+}
+
+/// Saturates at [`Instant::MAX`]: never panics.
+impl Add<Duration> for Instant {
+    type Output = Instant;
+    fn add(self, rhs: Duration) -> Instant {
+        self.saturating_add(rhs)
+    }
+}
+
+/// Saturates at the origin: never panics.
+impl Sub<Duration> for Instant {
+    type Output = Instant;
+    fn sub(self, rhs: Duration) -> Instant {
+        self.saturating_sub(rhs)
+    }
+}
+
+/// Saturates at zero (an earlier minus a later instant is zero): never panics.
+impl Sub<Instant> for Instant {
+    type Output = Duration;
+    fn sub(self, rhs: Instant) -> Duration {
+        self.saturating_duration_since(rhs)
+    }
+}
+
+/// Saturates at [`Duration::MAX`]: never panics.
+impl Add for Duration {
+    type Output = Duration;
+    fn add(self, rhs: Duration) -> Duration {
+        self.saturating_add(rhs)
+    }
+}
+
+/// Saturates at zero: never panics.
+impl Sub for Duration {
+    type Output = Duration;
+    fn sub(self, rhs: Duration) -> Duration {
+        self.saturating_sub(rhs)
+    }
+}
+
+impl fmt::Display for Duration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (ms, us) = (
+            self.micros / MICROS_PER_MILLI,
+            self.micros % MICROS_PER_MILLI,
+        );
+        if us == 0 {
+            write!(f, "{ms}ms")
+        } else {
+            write!(f, "{ms}.{us:03}ms")
+        }
+    }
+}
+
+impl fmt::Display for Instant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "t+{}", Duration::from_micros(self.micros))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constructors_saturate_instead_of_overflowing() {
+        assert_eq!(Duration::from_secs(u64::MAX), Duration::MAX);
+        assert_eq!(Instant::from_millis(u64::MAX), Instant::MAX);
+        assert_eq!(Duration::from_millis(3).as_micros(), 3_000);
+    }
+
+    #[test]
+    fn operators_saturate() {
+        assert_eq!(Instant::MAX + Duration::from_micros(1), Instant::MAX);
+        assert_eq!(Instant::ZERO - Duration::from_micros(1), Instant::ZERO);
+        assert_eq!(Instant::ZERO - Instant::MAX, Duration::ZERO);
+        assert_eq!(Duration::MAX + Duration::MAX, Duration::MAX);
+        assert_eq!(
+            Instant::from_micros(5).checked_duration_since(Instant::from_micros(6)),
+            None
+        );
+    }
+
+    #[test]
+    fn ppm_rounds_up_and_never_overflows() {
+        // 1,000 ppm of 1 s is exactly 1 ms.
+        assert_eq!(
+            Duration::from_secs(1).ppm_ceil(1_000),
+            Duration::from_millis(1)
+        );
+        // 1 ppm of 1 µs rounds up to a whole microsecond.
+        assert_eq!(
+            Duration::from_micros(1).ppm_ceil(1),
+            Duration::from_micros(1)
+        );
+        assert_eq!(Duration::from_micros(7).ppm_ceil(0), Duration::ZERO);
+        assert!(Duration::MAX.ppm_ceil(u32::MAX) == Duration::MAX);
+        // Exact for a value with both parts.
+        let d = Duration::from_micros(2_500_000); // 2.5 s
+        assert_eq!(d.ppm_ceil(400_000), Duration::from_micros(1_000_000));
+    }
+
+    #[test]
+    fn display_is_readable() {
+        extern crate std;
+        use std::string::ToString;
+        assert_eq!(Duration::from_millis(200).to_string(), "200ms");
+        assert_eq!(Duration::from_micros(1_500).to_string(), "1.500ms");
+        assert_eq!(Instant::from_millis(7).to_string(), "t+7ms");
+    }
+}

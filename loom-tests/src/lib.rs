@@ -1,0 +1,1 @@
+//! Nothing here: the models are in `tests/`, compiled only under `cfg(loom)`.
