@@ -356,6 +356,11 @@ impl Lease {
     pub const fn stats(&self) -> Stats {
         self.stats
     }
+    /// Whether the lease still waits for the answer to request `id`. A driver drops the
+    /// I/O of a request the lease gave up on (timed out, superseded, term over).
+    pub const fn is_awaiting(&self, id: RequestId) -> bool {
+        self.in_flight.is_some() && id.0 == self.last_id
+    }
 
     // ----- user commands -----
 
