@@ -1,0 +1,1 @@
+//! Helpers shared by the examples (printing a readable timeline).
