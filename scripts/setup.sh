@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what the tests need when it is missing. Safe to run again.
+set -euo pipefail
+
+targets=(thumbv6m-none-eabi thumbv7em-none-eabihf riscv32imc-unknown-none-elf)
+installed=$(rustup target list --installed)
+for t in "${targets[@]}"; do
+    grep -qx "$t" <<<"$installed" || rustup target add "$t"
+done
+
+# Debian packages: command -> package.
+declare -A packages=(
+    [redis-server]=redis-server
+    [etcd]=etcd-server
+    [protoc]=protobuf-compiler
+    [arm-none-eabi-size]=binutils-arm-none-eabi
+)
+missing=()
+for cmd in "${!packages[@]}"; do
+    command -v "$cmd" >/dev/null 2>&1 || missing+=("${packages[$cmd]}")
+done
+if ((${#missing[@]})); then
+    sudo=""
+    [[ $(id -u) -eq 0 ]] || sudo="sudo"
+    echo "installing: ${missing[*]}"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The one command that runs every check and test, on a fresh machine or this one:
+#
+#     bash scripts/test.sh
+#
+# It installs what is missing (rustup targets, redis-server, etcd, protoc, ARM
+# binutils), then runs: fmt, clippy, the tests (real servers are started by the tests
+# themselves on free loopback ports), the loom models, the no_std target builds, the
+# firmware builds with their size table, and the docs with warnings denied.
+# Each stage is a script in scripts/; run one alone with e.g. `bash scripts/loom.sh`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+stage() {
+    local name=$1
+    shift
+    local start=$SECONDS
+    echo "::: ${name}"
+    "$@"
+    echo "::: ${name} ok ($((SECONDS - start)) s)"
+}
+
+stage setup bash scripts/setup.sh
+stage fmt cargo fmt --all --check
+stage clippy cargo clippy --workspace --all-targets --locked -- -D warnings
+stage tests cargo test --workspace --locked
+stage loom bash scripts/loom.sh
+stage no_std bash scripts/no-std.sh
+stage docs env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+echo "::: all checks passed in ${SECONDS} s"
