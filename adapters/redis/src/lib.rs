@@ -1,0 +1,32 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+//!
+//! # Features
+#![doc = document_features::document_features!()]
+
+mod error;
+mod keys;
+mod scripts;
+mod service;
+
+pub use error::{Op, ProtocolError, RedisLockError};
+pub use keys::Keys;
+pub use service::{Acquired, Builder, RedisLockService, Released, Renewed};
+
+/// A random 128-bit owner identity from the operating system's RNG.
+///
+/// Use one per client (process, or per lease if leases in one process must exclude
+/// each other). The value stored in Redis is its [`OwnerToken`](leasehold::OwnerToken)
+/// for the current term.
+///
+/// # Panics
+///
+/// If the operating system has no random source at all (`getrandom` failed), which
+/// leaves no safe way to pick a unique identity.
+pub fn random_owner() -> leasehold::Owner {
+    let mut bytes = [0u8; 16];
+    #[allow(clippy::expect_used)]
+    getrandom::fill(&mut bytes).expect("the OS random source failed: cannot pick an owner id");
+    leasehold::Owner(bytes)
+}

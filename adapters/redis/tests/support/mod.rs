@@ -1,0 +1,429 @@
+//! Test support: a real `redis-server` per test on a free loopback port, a loopback
+//! TCP proxy that can stall, retarget or rewrite replies, a monotonic clock shared
+//! across processes, a lease runner built on `leasehold_driver::run_term`, a
+//! fence-guarded storage, and a watcher that measures the service-side expiry.
+#![allow(dead_code)]
+
+pub mod proxy;
+pub mod server;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration as StdDuration;
+
+use leasehold::{
+    Config, Duration, Event, Fence, FenceGate, Instant, Lease, LossReason, Owner, StaleFence,
+    WriteGate,
+};
+use leasehold_driver::{run_term, Clock, Target, TermEnd};
+use leasehold_redis::RedisLockService;
+use redis::aio::MultiplexedConnection;
+use tokio::sync::{mpsc, oneshot};
+
+#[allow(unused_imports)]
+pub use proxy::{Proxy, ProxyMode};
+pub use server::{RedisServer, ServerOptions};
+
+/// Now on `CLOCK_MONOTONIC`, in microseconds: the same timeline in every process on
+/// this machine, so a child process's deadlines compare with the parent's readings.
+pub fn mono_now() -> Instant {
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .expect("CLOCK_MONOTONIC is always available on Linux");
+    Instant::from_micros(ts.tv_sec() as u64 * 1_000_000 + ts.tv_nsec() as u64 / 1_000)
+}
+
+/// The driver's clock: `CLOCK_MONOTONIC` for now, tokio's timer for sleeping.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MonoClock;
+
+impl Clock for MonoClock {
+    fn now(&self) -> Instant {
+        mono_now()
+    }
+    fn sleep_until(&self, deadline: Instant) -> impl std::future::Future<Output = ()> {
+        let wait = deadline.saturating_duration_since(mono_now());
+        tokio::time::sleep(StdDuration::from_micros(wait.as_micros()))
+    }
+}
+
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+pub fn std_ms(n: u64) -> StdDuration {
+    StdDuration::from_millis(n)
+}
+
+/// A lease config for TTL `ttl_ms` with the defaults (renew at T/3, margin T/20…).
+pub fn config(ttl_ms: u64) -> Config {
+    Config::builder(ms(ttl_ms)).build().expect("valid config")
+}
+
+/// A single-threaded runtime with a `LocalSet`: `run_term` over the blanket
+/// `LocalLockService` impl is not `Send`, so terms run on `spawn_local`.
+pub fn run_local<F: std::future::Future>(f: F) -> F::Output {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    tokio::task::LocalSet::new().block_on(&rt, f)
+}
+
+/// Polls `cond` every few milliseconds until it holds; panics with `what` after
+/// `limit`. The bounded, event-driven wait the tests use instead of bare sleeps.
+pub async fn wait_for<F, Fut>(what: &str, limit: StdDuration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let give_up = tokio::time::Instant::now() + limit;
+    while !cond().await {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(std_ms(3)).await;
+    }
+}
+
+/// One term of a lease, running on the current `LocalSet`.
+pub struct Holder {
+    pub gate: Arc<WriteGate>,
+    pub owner: Owner,
+    pub key: String,
+    events: mpsc::UnboundedReceiver<(Instant, Event)>,
+    /// Every event seen so far, with the monotonic time it was reported.
+    pub log: Rc<RefCell<Vec<(Instant, Event)>>>,
+    release: Option<oneshot::Sender<()>>,
+    end: Option<tokio::task::JoinHandle<TermEnd>>,
+}
+
+/// Starts one term for `key` (acquire, renew every T/3, until lost or released).
+pub fn spawn_term<C>(service: RedisLockService<C>, key: &str, config: Config) -> Holder
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    spawn_term_as(service, key, config, leasehold_redis::random_owner())
+}
+
+pub fn spawn_term_as<C>(
+    service: RedisLockService<C>,
+    key: &str,
+    config: Config,
+    owner: Owner,
+) -> Holder
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let gate = Arc::new(WriteGate::new());
+    let (tx, events) = mpsc::unbounded_channel();
+    let (release, release_rx) = oneshot::channel::<()>();
+    let log = Rc::new(RefCell::new(Vec::new()));
+    let task_gate = gate.clone();
+    let task_key = key.to_owned();
+    let task_log = log.clone();
+    let end = tokio::task::spawn_local(async move {
+        let mut lease = Lease::new(config);
+        let released = async {
+            // A dropped sender means "never release".
+            if release_rx.await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        run_term(
+            &mut lease,
+            &task_gate,
+            Target {
+                service: &service,
+                key: &task_key,
+                owner,
+            },
+            &MonoClock,
+            released,
+            |event| {
+                let at = mono_now();
+                task_log.borrow_mut().push((at, event));
+                let _ = tx.send((at, event));
+            },
+        )
+        .await
+        .expect("a fresh lease is idle")
+    });
+    Holder {
+        gate,
+        owner,
+        key: key.to_owned(),
+        events,
+        log,
+        release: Some(release),
+        end: Some(end),
+    }
+}
+
+impl Holder {
+    /// The value Redis stores for this holder's (first) term.
+    pub fn token(&self) -> String {
+        self.owner
+            .token(leasehold::Term(1))
+            .encode()
+            .as_str()
+            .to_owned()
+    }
+
+    /// The next event matching `pred`, within `limit`.
+    pub async fn next_event(
+        &mut self,
+        what: &str,
+        limit: StdDuration,
+        mut pred: impl FnMut(&Event) -> bool,
+    ) -> (Instant, Event) {
+        let give_up = tokio::time::Instant::now() + limit;
+        loop {
+            match tokio::time::timeout_at(give_up, self.events.recv()).await {
+                Ok(Some((at, event))) if pred(&event) => return (at, event),
+                Ok(Some(_)) => {}
+                Ok(None) => panic!(
+                    "the term ended before {what}; events: {:?}",
+                    self.log.borrow()
+                ),
+                Err(_) => panic!(
+                    "timed out after {limit:?} waiting for {what}; events: {:?}",
+                    self.log.borrow()
+                ),
+            }
+        }
+    }
+
+    /// Waits for the grant: its fence and safe deadline.
+    pub async fn acquired(&mut self, limit: StdDuration) -> (Fence, Instant) {
+        match self
+            .next_event("the grant", limit, |e| matches!(e, Event::Acquired { .. }))
+            .await
+        {
+            (
+                _,
+                Event::Acquired {
+                    fence, deadline, ..
+                },
+            ) => (fence, deadline),
+            _ => unreachable!(),
+        }
+    }
+
+    /// Waits for the loss: when it was reported and why.
+    pub async fn lost(&mut self, limit: StdDuration) -> (Instant, LossReason) {
+        match self
+            .next_event("the loss", limit, |e| matches!(e, Event::Lost { .. }))
+            .await
+        {
+            (at, Event::Lost { reason }) => (at, reason),
+            _ => unreachable!(),
+        }
+    }
+
+    /// The latest safe deadline the gate was opened with (grant or renewal).
+    pub fn last_deadline(&self) -> Option<Instant> {
+        self.log.borrow().iter().rev().find_map(|(_, e)| match e {
+            Event::Acquired { deadline, .. } | Event::Renewed { deadline } => Some(*deadline),
+            _ => None,
+        })
+    }
+
+    /// When the gate closed for good: the loss or release report, or the last deadline
+    /// if that came first. An upper bound on the real moment (the gate flips before
+    /// the event is reported).
+    pub fn gate_closed_at(&self) -> Option<Instant> {
+        let log = self.log.borrow();
+        let ended = log.iter().find_map(|(at, e)| match e {
+            Event::Lost { .. } | Event::Released => Some(*at),
+            _ => None,
+        })?;
+        Some(self.last_deadline().map_or(ended, |d| d.min(ended)))
+    }
+
+    pub fn count(&self, pred: impl Fn(&Event) -> bool) -> usize {
+        self.log.borrow().iter().filter(|(_, e)| pred(e)).count()
+    }
+
+    /// Asks for release and waits for the term to end.
+    pub async fn release(mut self) -> TermEnd {
+        if let Some(tx) = self.release.take() {
+            let _ = tx.send(());
+        }
+        self.end().await
+    }
+
+    /// Waits for the term to end by itself.
+    pub async fn end(&mut self) -> TermEnd {
+        let end = self.end.take().expect("end awaited once");
+        tokio::time::timeout(std_ms(10_000), end)
+            .await
+            .expect("the term ends")
+            .expect("the term task does not panic")
+    }
+
+    /// Stops the term's task without a release (a crash, as far as Redis can tell).
+    pub fn crash(mut self) {
+        if let Some(end) = self.end.take() {
+            end.abort();
+        }
+    }
+}
+
+/// Storage guarded by a fence gate: what the protected resource does with writes.
+#[derive(Clone, Default)]
+pub struct Storage {
+    inner: Arc<Mutex<StorageInner>>,
+}
+
+#[derive(Default)]
+pub struct StorageInner {
+    pub gate: FenceGate,
+    /// Every write: its fence, whether it was admitted, and when.
+    pub log: Vec<(Fence, bool, Instant)>,
+    pub counter: u64,
+}
+
+impl Storage {
+    pub fn starting_at(fence: Fence) -> Storage {
+        let storage = Storage::default();
+        storage.inner.lock().unwrap().gate = FenceGate::starting_at(fence);
+        storage
+    }
+
+    pub fn write(&self, fence: Fence) -> Result<u64, StaleFence> {
+        let mut inner = self.inner.lock().unwrap();
+        let result = inner.gate.admit(fence);
+        inner.log.push((fence, result.is_ok(), mono_now()));
+        result?;
+        inner.counter += 1;
+        Ok(inner.counter)
+    }
+
+    pub fn newest(&self) -> Option<Fence> {
+        self.inner.lock().unwrap().gate.newest()
+    }
+
+    pub fn log(&self) -> Vec<(Fence, bool, Instant)> {
+        self.inner.lock().unwrap().log.clone()
+    }
+
+    /// No write of `old` was admitted after a write of a newer fence.
+    pub fn assert_no_stale_admitted(&self) {
+        let mut newest = None;
+        for (fence, admitted, _) in self.log() {
+            if admitted {
+                assert!(
+                    newest.is_none_or(|n| fence >= n),
+                    "{fence} admitted after {newest:?}"
+                );
+                newest = Some(fence);
+            }
+        }
+    }
+}
+
+/// A raw connection for commands from "outside" (another client, an operator).
+pub async fn raw(url: &str) -> MultiplexedConnection {
+    redis::Client::open(url)
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("raw connection")
+}
+
+pub async fn service(url: &str) -> RedisLockService {
+    RedisLockService::builder(url)
+        .request_timeout(Some(std_ms(2_000)))
+        .connect()
+        .await
+        .expect("connect to the test redis-server")
+}
+
+/// Samples `GET key` + `PTTL key` atomically, every few ms, on its own connection.
+pub struct KeyWatcher {
+    samples: Arc<Mutex<Vec<Sample>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Sample {
+    /// When the request was sent / its answer received (monotonic).
+    pub sent: Instant,
+    pub received: Instant,
+    pub holder: Option<String>,
+    pub pttl_ms: i64,
+}
+
+impl KeyWatcher {
+    pub async fn start(url: &str, key: &str) -> KeyWatcher {
+        let mut conn = raw(url).await;
+        let lock = leasehold_redis::Keys::new(key).unwrap().lock;
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let out = samples.clone();
+        let task = tokio::spawn(async move {
+            let script = redis::Script::new(
+                "return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}",
+            );
+            loop {
+                let sent = mono_now();
+                let reply: Result<(Option<String>, i64), _> =
+                    script.key(&lock).invoke_async(&mut conn).await;
+                let received = mono_now();
+                if let Ok((holder, pttl_ms)) = reply {
+                    out.lock().unwrap().push(Sample {
+                        sent,
+                        received,
+                        holder,
+                        pttl_ms,
+                    });
+                }
+                tokio::time::sleep(std_ms(2)).await;
+            }
+        });
+        KeyWatcher { samples, task }
+    }
+
+    pub fn samples(&self) -> Vec<Sample> {
+        self.samples.lock().unwrap().clone()
+    }
+
+    /// A lower bound on when Redis expires (or expired) `token`'s grant, on the
+    /// monotonic clock: the latest `sent + PTTL` of a sample that saw `token` hold
+    /// the key. Redis evaluated PTTL no earlier than `sent`, so its expiry moment is
+    /// at least that late.
+    pub fn expiry_lower_bound(&self, token: &str) -> Option<Instant> {
+        self.samples()
+            .iter()
+            .filter(|s| s.holder.as_deref() == Some(token) && s.pttl_ms > 0)
+            .map(|s| {
+                s.sent
+                    .saturating_add(Duration::from_millis(s.pttl_ms as u64))
+            })
+            .max()
+    }
+
+    /// The first moment a sample saw the key no longer held by `token`, after it was.
+    pub fn gone_at(&self, token: &str) -> Option<Instant> {
+        let samples = self.samples();
+        let last = samples
+            .iter()
+            .rposition(|s| s.holder.as_deref() == Some(token))?;
+        samples.get(last + 1).map(|s| s.received)
+    }
+
+    pub async fn wait_until(&self, what: &str, limit: StdDuration, pred: impl Fn(&Sample) -> bool) {
+        wait_for(what, limit, || {
+            let hit = self.samples().last().is_some_and(&pred);
+            async move { hit }
+        })
+        .await;
+    }
+}
+
+impl Drop for KeyWatcher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
