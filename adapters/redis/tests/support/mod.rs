@@ -7,7 +7,7 @@
 pub mod proxy;
 pub mod server;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration as StdDuration;
@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 
 #[allow(unused_imports)]
 pub use proxy::{Proxy, ProxyMode};
+#[allow(unused_imports)]
 pub use server::{RedisServer, ServerOptions};
 
 /// Now on `CLOCK_MONOTONIC`, in microseconds: the same timeline in every process on
@@ -96,6 +97,8 @@ pub struct Holder {
     /// Every event seen so far, with the monotonic time it was reported.
     pub log: Rc<RefCell<Vec<(Instant, Event)>>>,
     release: Option<oneshot::Sender<()>>,
+    /// When the driver took the release request: the gate closes in that same poll.
+    release_taken: Rc<Cell<Option<Instant>>>,
     end: Option<tokio::task::JoinHandle<TermEnd>>,
 }
 
@@ -123,13 +126,16 @@ where
     let task_gate = gate.clone();
     let task_key = key.to_owned();
     let task_log = log.clone();
+    let release_taken = Rc::new(Cell::new(None));
+    let taken = release_taken.clone();
     let end = tokio::task::spawn_local(async move {
         let mut lease = Lease::new(config);
-        let released = async {
+        let released = async move {
             // A dropped sender means "never release".
             if release_rx.await.is_err() {
                 std::future::pending::<()>().await;
             }
+            taken.set(Some(mono_now()));
         };
         run_term(
             &mut lease,
@@ -157,6 +163,7 @@ where
         events,
         log,
         release: Some(release),
+        release_taken,
         end: Some(end),
     }
 }
@@ -195,6 +202,34 @@ impl Holder {
         }
     }
 
+    /// The grant (fence, deadline) if it comes before `until`; `None` otherwise or if
+    /// the term ended first.
+    pub async fn acquired_before(
+        &mut self,
+        until: tokio::time::Instant,
+    ) -> Option<(Fence, Instant)> {
+        loop {
+            match tokio::time::timeout_at(until, self.events.recv()).await {
+                Ok(Some((
+                    _,
+                    Event::Acquired {
+                        fence, deadline, ..
+                    },
+                ))) => return Some((fence, deadline)),
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return None,
+            }
+        }
+    }
+
+    /// When the grant was reported (an upper bound on when the gate opened).
+    pub fn acquired_at(&self) -> Option<Instant> {
+        self.log.borrow().iter().find_map(|(at, e)| match e {
+            Event::Acquired { .. } => Some(*at),
+            _ => None,
+        })
+    }
+
     /// Waits for the grant: its fence and safe deadline.
     pub async fn acquired(&mut self, limit: StdDuration) -> (Fence, Instant) {
         match self
@@ -230,15 +265,20 @@ impl Holder {
         })
     }
 
-    /// When the gate closed for good: the loss or release report, or the last deadline
-    /// if that came first. An upper bound on the real moment (the gate flips before
-    /// the event is reported).
+    /// When the gate closed for good: the last safe deadline, or earlier the loss
+    /// report (the gate flips just before it) or the moment the driver took the
+    /// release request (the gate closes in that same poll, before the release is
+    /// sent, so before any other client can be granted the key).
     pub fn gate_closed_at(&self) -> Option<Instant> {
         let log = self.log.borrow();
-        let ended = log.iter().find_map(|(at, e)| match e {
-            Event::Lost { .. } | Event::Released => Some(*at),
+        let lost = log.iter().find_map(|(at, e)| match e {
+            Event::Lost { .. } => Some(*at),
             _ => None,
-        })?;
+        });
+        let ended = match (lost, self.release_taken.get()) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
         Some(self.last_deadline().map_or(ended, |d| d.min(ended)))
     }
 
@@ -248,6 +288,11 @@ impl Holder {
 
     /// Asks for release and waits for the term to end.
     pub async fn release(mut self) -> TermEnd {
+        self.release_and_wait().await
+    }
+
+    /// [`release`](Self::release), keeping the holder for inspection.
+    pub async fn release_and_wait(&mut self) -> TermEnd {
         if let Some(tx) = self.release.take() {
             let _ = tx.send(());
         }
