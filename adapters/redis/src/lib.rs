@@ -14,6 +14,13 @@ pub use error::{Op, ProtocolError, RedisLockError};
 pub use keys::Keys;
 pub use service::{Acquired, Builder, RedisLockService, Released, Renewed};
 
+/// The Lua scripts exactly as they are loaded into Redis (for audits, for
+/// `redis-benchmark`, or to `SCRIPT LOAD` them by hand). Each documents its keys,
+/// arguments and answers.
+pub mod lua {
+    pub use crate::scripts::{ACQUIRE, RAISE_FENCE, RELEASE, RENEW};
+}
+
 /// A random 128-bit owner identity from the operating system's RNG.
 ///
 /// Use one per client (process, or per lease if leases in one process must exclude

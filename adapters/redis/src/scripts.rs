@@ -15,7 +15,7 @@ use crate::error::{Op, ProtocolError};
 /// already held the key (an earlier attempt whose answer was lost: re-granted with
 /// its existing fence and a fresh TTL), `{0, pttl}` when someone else holds it.
 /// The fence is returned as the counter's string (exact beyond Lua's 2^53).
-pub(crate) const ACQUIRE: &str = r"
+pub const ACQUIRE: &str = r"
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
   local fence = redis.call('GET', KEYS[2])
@@ -40,7 +40,7 @@ return {1, fence, redis.call('PTTL', KEYS[1])}
 
 /// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` TTL in ms.
 /// Answers `{1, pttl}` when extended, `{0}` when the token does not hold the key.
-pub(crate) const RENEW: &str = r"
+pub const RENEW: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, redis.call('PTTL', KEYS[1])}
@@ -49,7 +49,7 @@ return {0}
 ";
 
 /// `KEYS[1]` lock key; `ARGV[1]` owner token. Answers 1 when deleted, 0 otherwise.
-pub(crate) const RELEASE: &str = r"
+pub const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   return 1
@@ -60,7 +60,7 @@ return 0
 /// `KEYS[1]` fence counter; `ARGV[1]` a decimal minimum. Raises the counter to at
 /// least the minimum and answers the counter (as a string). Compares as decimal
 /// strings, so it stays exact past 2^53.
-pub(crate) const RAISE_FENCE: &str = r"
+pub const RAISE_FENCE: &str = r"
 local function norm(s) local t = string.gsub(s, '^0+', '') if t == '' then return '0' end return t end
 local current = redis.call('GET', KEYS[1])
 if current and not string.match(current, '^%d+$') then
