@@ -143,9 +143,19 @@ pub struct Builder {
     reconnect_min_delay: std::time::Duration,
     reconnect_max_delay: std::time::Duration,
     reconnect_retries: usize,
+    #[cfg(feature = "tls")]
+    tls_root_cert: Option<Vec<u8>>,
 }
 
 impl Builder {
+    /// Trusts this PEM root certificate for `rediss://` instead of the system's
+    /// roots (a private CA). Needs the `tls` feature.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root_cert = Some(pem.into());
+        self
+    }
+
     /// Bound on each typed call (default 1 s); `None` for no bound. The lease's
     /// driver bounds requests with its own `request_timeout` anyway.
     pub fn request_timeout(mut self, timeout: Option<std::time::Duration>) -> Self {
@@ -188,6 +198,19 @@ impl Builder {
                 let _ = rustls::crypto::ring::default_provider().install_default();
             }
         }
+        #[cfg(feature = "tls")]
+        let client = match &self.tls_root_cert {
+            Some(pem) => redis::Client::build_with_tls(
+                self.url.as_str(),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem.clone()),
+                },
+            ),
+            None => redis::Client::open(self.url.as_str()),
+        }
+        .map_err(RedisLockError::Config)?;
+        #[cfg(not(feature = "tls"))]
         let client = redis::Client::open(self.url.as_str()).map_err(RedisLockError::Config)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
@@ -216,6 +239,8 @@ impl RedisLockService {
             reconnect_min_delay: std::time::Duration::from_millis(10),
             reconnect_max_delay: std::time::Duration::from_millis(200),
             reconnect_retries: 8,
+            #[cfg(feature = "tls")]
+            tls_root_cert: None,
         }
     }
 

@@ -20,10 +20,21 @@ pub struct ServerOptions {
     pub replica_of: Option<u16>,
     /// `--cluster-enabled yes`, serving every slot itself.
     pub cluster: bool,
+    /// Also listen for TLS with this certificate, key and CA (PEM files).
+    pub tls: Option<TlsFiles>,
+}
+
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
 }
 
 pub struct RedisServer {
     pub port: u16,
+    /// The TLS port, when `options.tls` is set.
+    pub tls_port: u16,
     pub options: ServerOptions,
     dir: PathBuf,
     child: Option<Child>,
@@ -72,6 +83,7 @@ impl RedisServer {
     pub fn start_with(options: ServerOptions) -> RedisServer {
         let mut server = RedisServer {
             port: free_port(),
+            tls_port: free_port(),
             options,
             dir: scratch_dir(),
             child: None,
@@ -122,6 +134,17 @@ impl RedisServer {
         if let Some(primary) = self.options.replica_of {
             cmd.args(["--replicaof", "127.0.0.1"])
                 .arg(primary.to_string());
+        }
+        if let Some(tls) = &self.options.tls {
+            cmd.arg("--tls-port")
+                .arg(self.tls_port.to_string())
+                .arg("--tls-cert-file")
+                .arg(&tls.cert)
+                .arg("--tls-key-file")
+                .arg(&tls.key)
+                .arg("--tls-ca-cert-file")
+                .arg(&tls.ca)
+                .args(["--tls-auth-clients", "no"]);
         }
         if self.options.cluster {
             cmd.args([
