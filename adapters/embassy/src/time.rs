@@ -12,9 +12,11 @@
 //!   wake the loop a tick early, find nothing due, and re-arm the same timer until the
 //!   tick count catches up).
 //!
-//! Both conversions saturate and never panic. They split the value into whole seconds
-//! and a remainder so that no product can overflow `u64` and no 128-bit arithmetic is
-//! needed (which would cost flash on a Cortex-M0).
+//! Both conversions saturate and never panic. They work in the reduced ratio
+//! `1e6 / gcd : TICK_HZ / gcd` (1000 : 1 at 1 kHz, 15625 : 512 at 32.768 kHz), split the
+//! value by the divisor so that no product overflows `u64`, and divide with 32-bit
+//! operations when the divisor is below 2^16 (every common tick rate): on a 32-bit MCU
+//! a 64-bit division is a library routine of about 1 KiB of flash.
 
 use core::future::Future;
 
@@ -49,38 +51,82 @@ pub fn now() -> Instant {
     from_embassy(embassy_time::Instant::now())
 }
 
+/// `(micros, ticks)` per second, reduced by their greatest common divisor.
+const RATIO: Ratio = Ratio::of(TICK_HZ);
+
 /// An embassy-time instant as a leasehold [`Instant`]: whole microseconds since boot,
 /// rounded down, saturating.
 pub const fn from_embassy(instant: embassy_time::Instant) -> Instant {
-    Instant::from_micros(ticks_to_micros_floor(instant.as_ticks(), TICK_HZ))
+    Instant::from_micros(RATIO.ticks_to_micros_floor(instant.as_ticks()))
 }
 
 /// A leasehold [`Instant`] as the first embassy-time tick at or after it (rounded up),
 /// saturating at [`embassy_time::Instant::MAX`].
 pub const fn to_embassy(instant: Instant) -> embassy_time::Instant {
-    embassy_time::Instant::from_ticks(micros_to_ticks_ceil(instant.as_micros(), TICK_HZ))
+    embassy_time::Instant::from_ticks(RATIO.micros_to_ticks_ceil(instant.as_micros()))
 }
 
-/// `floor(ticks * 1e6 / hz)`, saturating; `u64::MAX` for a zero `hz`.
-const fn ticks_to_micros_floor(ticks: u64, hz: u64) -> u64 {
-    let (Some(secs), Some(rem)) = (ticks.checked_div(hz), ticks.checked_rem(hz)) else {
-        return u64::MAX;
-    };
-    // `rem < hz`; embassy's highest tick rate is ~1.3e9, so `rem * 1e6` fits easily.
-    let part = match rem.saturating_mul(MICROS_PER_SEC).checked_div(hz) {
-        Some(part) => part,
-        None => 0,
-    };
-    secs.saturating_mul(MICROS_PER_SEC).saturating_add(part)
+/// `micros : ticks` in lowest terms; both non-zero.
+#[derive(Clone, Copy)]
+struct Ratio {
+    micros: u64,
+    ticks: u64,
 }
 
-/// `ceil(micros * hz / 1e6)`, saturating.
-const fn micros_to_ticks_ceil(micros: u64, hz: u64) -> u64 {
-    let secs = micros / MICROS_PER_SEC;
-    let rem = micros % MICROS_PER_SEC;
-    // `rem < 1e6`, so `rem * hz` fits for any tick rate below ~1.8e13.
-    let part = rem.saturating_mul(hz).div_ceil(MICROS_PER_SEC);
-    secs.saturating_mul(hz).saturating_add(part)
+impl Ratio {
+    /// The ratio for `hz` ticks per second (a zero `hz` is treated as 1 Hz).
+    const fn of(hz: u64) -> Ratio {
+        let hz = if hz == 0 { 1 } else { hz };
+        let (mut a, mut b) = (MICROS_PER_SEC, hz);
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        Ratio {
+            micros: MICROS_PER_SEC / a,
+            ticks: hz / a,
+        }
+    }
+
+    /// `floor(ticks * micros / ticks_per)`, saturating.
+    const fn ticks_to_micros_floor(self, ticks: u64) -> u64 {
+        let (whole, rem) = div_rem(ticks, self.ticks);
+        // `rem < self.ticks`, so `rem * self.micros < 1e6 * TICK_HZ`: no overflow.
+        let (part, _) = div_rem(rem.wrapping_mul(self.micros), self.ticks);
+        whole.saturating_mul(self.micros).saturating_add(part)
+    }
+
+    /// `ceil(micros * ticks_per / micros_per)`, saturating.
+    const fn micros_to_ticks_ceil(self, micros: u64) -> u64 {
+        let (whole, rem) = div_rem(micros, self.micros);
+        let (part, part_rem) = div_rem(rem.wrapping_mul(self.ticks), self.micros);
+        let part = if part_rem == 0 {
+            part
+        } else {
+            part.saturating_add(1)
+        };
+        whole.saturating_mul(self.ticks).saturating_add(part)
+    }
+}
+
+/// `(x / d, x % d)` for `d > 0`; with 32-bit divisions only when `d < 2^16` (16-bit
+/// digits: every partial dividend stays below `2^32`). `d` is a constant in firmware,
+/// so the branch folds away.
+const fn div_rem(x: u64, d: u64) -> (u64, u64) {
+    if d == 0 {
+        return (u64::MAX, 0);
+    }
+    if d >= 1 << 16 {
+        return (x / d, x % d);
+    }
+    let divisor = d as u32;
+    let (mut quotient, mut rem, mut shift) = (0u64, 0u32, 64u32);
+    while shift > 0 {
+        shift -= 16;
+        let partial = (rem << 16) | ((x >> shift) & 0xffff) as u32;
+        quotient = (quotient << 16) | (partial / divisor) as u64;
+        rem = partial % divisor;
+    }
+    (quotient, rem as u64)
 }
 
 #[cfg(test)]
@@ -102,15 +148,16 @@ mod tests {
     fn a_timer_set_for_a_deadline_fires_when_now_has_reached_it() {
         for hz in RATES {
             for micros in [0, 1, 29, 30, 31, 999, 1_000, 1_001, 123_456_789, 3_000_000] {
-                let tick = micros_to_ticks_ceil(micros, hz);
+                let ratio = Ratio::of(hz);
+                let tick = ratio.micros_to_ticks_ceil(micros);
                 assert!(
-                    ticks_to_micros_floor(tick, hz) >= micros,
+                    ratio.ticks_to_micros_floor(tick) >= micros,
                     "{hz} Hz: deadline {micros} µs -> tick {tick} reads back earlier"
                 );
                 // And it is the *first* such tick: one tick earlier is still before it.
                 if tick > 0 {
                     assert!(
-                        ticks_to_micros_floor(tick - 1, hz) < micros,
+                        ratio.ticks_to_micros_floor(tick - 1) < micros,
                         "{hz} Hz: deadline {micros} µs -> tick {tick} is later than needed"
                     );
                 }
@@ -121,17 +168,43 @@ mod tests {
     #[test]
     fn now_never_reads_later_than_the_tick() {
         // 1 kHz: tick 3 is exactly 3 ms; 32.768 kHz: tick 1 is 30.517… µs -> 30.
-        assert_eq!(ticks_to_micros_floor(3, 1_000), 3_000);
-        assert_eq!(ticks_to_micros_floor(1, 32_768), 30);
-        assert_eq!(ticks_to_micros_floor(32_768, 32_768), 1_000_000);
-        assert_eq!(ticks_to_micros_floor(1_999, 1_000_000_000), 1);
+        let floor = |ticks, hz| Ratio::of(hz).ticks_to_micros_floor(ticks);
+        assert_eq!(floor(3, 1_000), 3_000);
+        assert_eq!(floor(1, 32_768), 30);
+        assert_eq!(floor(32_768, 32_768), 1_000_000);
+        assert_eq!(floor(1_999, 1_000_000_000), 1);
+    }
+
+    #[test]
+    fn small_divisor_division_is_exact() {
+        for d in [1, 3, 512, 1_000, 15_625, 65_535, 65_536, 1_000_000] {
+            for x in [
+                0,
+                1,
+                d - 1,
+                d,
+                u64::MAX,
+                u64::MAX / 3,
+                0x1234_5678_9abc_def0,
+            ] {
+                assert_eq!(div_rem(x, d), (x / d, x % d), "{x} / {d}");
+            }
+        }
     }
 
     #[test]
     fn conversions_saturate_instead_of_overflowing() {
-        assert_eq!(micros_to_ticks_ceil(u64::MAX, 1_000_000_000), u64::MAX);
-        assert_eq!(ticks_to_micros_floor(u64::MAX, 1_000), u64::MAX);
-        assert_eq!(ticks_to_micros_floor(7, 0), u64::MAX);
+        assert_eq!(
+            Ratio::of(1_000_000_000).micros_to_ticks_ceil(u64::MAX),
+            u64::MAX
+        );
+        assert_eq!(Ratio::of(1_000).ticks_to_micros_floor(u64::MAX), u64::MAX);
+        // Exact where nothing saturates, at a rate that divides nothing evenly.
+        let ratio = Ratio::of(32_768);
+        for ticks in [1_234_567_890_123u64, u64::MAX / 15_625] {
+            let exact = u128::from(ticks) * 1_000_000 / 32_768;
+            assert_eq!(u128::from(ratio.ticks_to_micros_floor(ticks)), exact);
+        }
         assert_eq!(
             to_embassy(Instant::MAX),
             embassy_time::Instant::from_ticks(u64::MAX)
