@@ -45,7 +45,9 @@ fn choice() -> u32 {
 
 #[cortex_m_rt::entry]
 fn main() -> ! {
-    #[cfg(feature = "lease")]
+    #[cfg(all(feature = "lease", feature = "probe-driver"))]
+    driver_probe::run();
+    #[cfg(all(feature = "lease", not(feature = "probe-driver")))]
     probe::run();
     #[cfg(not(feature = "lease"))]
     loop {
@@ -53,7 +55,7 @@ fn main() -> ! {
     }
 }
 
-#[cfg(feature = "lease")]
+#[cfg(all(feature = "lease", not(feature = "probe-driver")))]
 mod probe {
     use core::hint::black_box;
 
@@ -171,6 +173,116 @@ mod probe {
             let _ = black_box(GATE.check(now));
             black_box(GATE.snapshot());
             let _ = black_box(storage.admit(fence));
+        }
+    }
+}
+
+/// The shared driver loop (`leasehold_driver::run_term`) polled by hand with a clock,
+/// a service and a release trigger whose futures are ready at once with opaque values:
+/// the driver's own code and nothing else (no executor, no embassy-time).
+#[cfg(all(feature = "lease", feature = "probe-driver"))]
+mod driver_probe {
+    use core::future::{poll_fn, Future};
+    use core::hint::black_box;
+    use core::pin::pin;
+    use core::task::{Context, Poll, Waker};
+
+    use leasehold::{
+        AcquireOutcome, Config, Duration, Fence, Indeterminate, Instant, Lease, Owner, OwnerToken,
+        ReleaseOutcome, RenewOutcome, WriteGate,
+    };
+    use leasehold_embassy::leasehold_driver::{run_term, Clock, LocalLockService, Target};
+
+    use super::{choice, input};
+
+    static GATE: WriteGate = WriteGate::new();
+
+    const CONFIG: Config = match Config::builder(Duration::from_secs(3)).build() {
+        Ok(config) => config,
+        Err(_) => panic!("invalid config"),
+    };
+
+    /// Ready at once with `value`, however often it is polled (`core::future::Ready`
+    /// would add a "polled after completion" panic of its own to the measurement).
+    fn ready<T: Copy>(value: T) -> impl Future<Output = T> {
+        poll_fn(move |_| Poll::Ready(value))
+    }
+
+    struct OpaqueClock;
+
+    impl Clock for OpaqueClock {
+        fn now(&self) -> Instant {
+            Instant::from_micros(input())
+        }
+        fn sleep_until(&self, _deadline: Instant) -> impl Future<Output = ()> {
+            ready(())
+        }
+    }
+
+    struct OpaqueService;
+
+    fn why() -> Indeterminate {
+        if choice() & 1 == 0 {
+            Indeterminate::Timeout
+        } else {
+            Indeterminate::Transport
+        }
+    }
+
+    impl LocalLockService for OpaqueService {
+        fn acquire(
+            &self,
+            _: &str,
+            _: OwnerToken,
+            ttl: Duration,
+        ) -> impl Future<Output = AcquireOutcome> {
+            ready(match choice() & 3 {
+                0 => AcquireOutcome::Granted {
+                    fence: Fence(input()),
+                    ttl,
+                },
+                1 => AcquireOutcome::HeldByAnother,
+                _ => AcquireOutcome::Indeterminate(why()),
+            })
+        }
+        fn renew(
+            &self,
+            _: &str,
+            _: OwnerToken,
+            ttl: Duration,
+        ) -> impl Future<Output = RenewOutcome> {
+            ready(match choice() & 3 {
+                0 => RenewOutcome::Renewed { ttl },
+                1 => RenewOutcome::NotOwner,
+                _ => RenewOutcome::Indeterminate(why()),
+            })
+        }
+        fn release(&self, _: &str, _: OwnerToken) -> impl Future<Output = ReleaseOutcome> {
+            ready(ReleaseOutcome::Released)
+        }
+    }
+
+    pub fn run() -> ! {
+        let mut lease = Lease::new(CONFIG);
+        let target = Target {
+            service: &OpaqueService,
+            key: "k",
+            owner: Owner([1; 16]),
+        };
+        let mut cx = Context::from_waker(Waker::noop());
+        loop {
+            let release = core::future::poll_fn(|_| {
+                if choice() == 0 {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            });
+            let term = run_term(&mut lease, &GATE, target, &OpaqueClock, release, |e| {
+                let _ = black_box(e);
+            });
+            let mut term = pin!(term);
+            while term.as_mut().poll(&mut cx).is_pending() {}
         }
     }
 }
