@@ -199,9 +199,8 @@ impl Duration {
     ///
     /// Rounding up makes a clock-drift allowance never smaller than the exact value, so a
     /// deadline computed with it is never later than the exact one. Computed in two parts
-    /// so that it needs no 128-bit arithmetic, and with 32-bit divisions only (see
-    /// [`div_rem_million`]): on a 32-bit MCU a 64-bit division is a library routine of
-    /// about 1 KiB of flash.
+    /// so that it needs no 128-bit arithmetic, and with 32-bit divisions only: on a
+    /// 32-bit MCU a 64-bit division is a library routine of about 1 KiB of flash.
     pub const fn ppm_ceil(self, ppm: u32) -> Duration {
         let ppm = ppm as u64;
         let (secs, rem) = div_rem_million(self.micros);
