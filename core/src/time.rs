@@ -199,17 +199,47 @@ impl Duration {
     ///
     /// Rounding up makes a clock-drift allowance never smaller than the exact value, so a
     /// deadline computed with it is never later than the exact one. Computed in two parts
-    /// so that it needs no 128-bit arithmetic (which costs flash on a Cortex-M0).
+    /// so that it needs no 128-bit arithmetic, and with 32-bit divisions only: on a
+    /// 32-bit MCU a 64-bit division is a library routine of about 1 KiB of flash.
     pub const fn ppm_ceil(self, ppm: u32) -> Duration {
         let ppm = ppm as u64;
-        let whole = (self.micros / MICROS_PER_SEC).saturating_mul(ppm);
+        let (secs, rem) = div_rem_million(self.micros);
+        let whole = secs.saturating_mul(ppm);
         // `rem < 1e6` and `ppm < 2^32`, so the product fits in a u64.
-        let rem = self.micros % MICROS_PER_SEC;
-        let part = rem.wrapping_mul(ppm).div_ceil(MICROS_PER_SEC);
+        let (part, part_rem) = div_rem_million(rem.wrapping_mul(ppm));
+        // `part < 2^32`: adding one cannot overflow.
+        let part = if part_rem == 0 {
+            part
+        } else {
+            part.wrapping_add(1)
+        };
         Duration {
             micros: whole.saturating_add(part),
         }
     }
+}
+
+/// `(x / 1_000_000, x % 1_000_000)`, exactly, using only 32-bit divisions.
+///
+/// `1_000_000 = 64 × 15_625` and `15_625 < 2^14`, so a long division of `x / 64` by
+/// 15,625 in 16-bit digits keeps every partial dividend below `2^30`. Then
+/// `x = 1_000_000 q + (64 r + x mod 64)` with the remainder below one million.
+const fn div_rem_million(x: u64) -> (u64, u64) {
+    const DIVISOR: u32 = 15_625;
+    let y = x >> 6;
+    let mut quotient: u64 = 0;
+    let mut rem: u32 = 0;
+    let mut shift: u32 = 64;
+    while shift > 0 {
+        shift = shift.wrapping_sub(16);
+        let digit = (y.wrapping_shr(shift) & 0xffff) as u32;
+        // `rem < 15_625 < 2^14`, so this stays below 2^30.
+        let partial = (rem << 16) | digit;
+        quotient = (quotient << 16) | partial.wrapping_div(DIVISOR) as u64;
+        rem = partial.wrapping_rem(DIVISOR);
+    }
+    let low = (rem as u64).wrapping_mul(64) | (x & 63);
+    (quotient, low)
 }
 
 /// Saturates at [`Instant::MAX`]: never panics.
@@ -312,6 +342,43 @@ mod tests {
         // Exact for a value with both parts.
         let d = Duration::from_micros(2_500_000); // 2.5 s
         assert_eq!(d.ppm_ceil(400_000), Duration::from_micros(1_000_000));
+    }
+
+    #[test]
+    fn million_division_is_exact_without_64_bit_division() {
+        let edges = [0, 1, 63, 64, 999_999, 1_000_000, 1_000_001, 15_625 * 64 - 1];
+        let powers = (0..64).map(|b| 1u64 << b);
+        let near_powers = (1..64).map(|b| (1u64 << b) - 1);
+        let spread = (0..10_000u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        for x in edges
+            .into_iter()
+            .chain(powers)
+            .chain(near_powers)
+            .chain(spread)
+        {
+            assert_eq!(div_rem_million(x), (x / 1_000_000, x % 1_000_000), "{x}");
+        }
+        assert_eq!(
+            div_rem_million(u64::MAX),
+            (u64::MAX / 1_000_000, u64::MAX % 1_000_000)
+        );
+    }
+
+    #[test]
+    fn ppm_ceil_is_the_exact_ceiling() {
+        let spans = (0..2_000u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (i % 64));
+        for (i, micros) in spans.enumerate() {
+            let ppm = (i as u32).wrapping_mul(2_654_435_761);
+            for ppm in [ppm, 0, 1, 999_999, 1_000_000, u32::MAX] {
+                let exact = (u128::from(micros) * u128::from(ppm)).div_ceil(1_000_000);
+                let expected = u64::try_from(exact).unwrap_or(u64::MAX);
+                assert_eq!(
+                    Duration::from_micros(micros).ppm_ceil(ppm).as_micros(),
+                    expected,
+                    "{micros} µs × {ppm} ppm"
+                );
+            }
+        }
     }
 
     #[test]

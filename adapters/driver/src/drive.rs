@@ -24,7 +24,10 @@ pub enum TermEnd {
 }
 
 /// Where one term's I/O goes: the service, the key and the owner presenting it.
-#[derive(Clone, Copy, Debug)]
+///
+/// `Copy` whatever the service is (it is held by reference), so a task can keep one
+/// and pass it to [`run_term`] for every term.
+#[derive(Debug)]
 pub struct Target<'a, S> {
     /// The lock service.
     pub service: &'a S,
@@ -33,6 +36,14 @@ pub struct Target<'a, S> {
     /// Who we are; the term is added by the lease.
     pub owner: Owner,
 }
+
+// Not derived: a derive would require `S: Clone`, but only `&S` is copied.
+impl<S> Clone for Target<'_, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<S> Copy for Target<'_, S> {}
 
 /// What woke the loop.
 enum Wake {

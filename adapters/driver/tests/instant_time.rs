@@ -173,3 +173,24 @@ fn a_running_term_cannot_be_driven_twice() {
     ));
     assert!(result.is_err());
 }
+
+#[test]
+fn a_target_is_copy_for_any_service() {
+    // `OneKey` is neither `Clone` nor `Copy`; a task reuses its target for every term.
+    let service = OneKey::default();
+    let clock = JumpClock(Cell::new(Instant::ZERO));
+    let gate = WriteGate::new();
+    let mut lease = Lease::new(config());
+    let target = target(&service);
+    for _ in 0..2 {
+        let end = block_on(run_term(
+            &mut lease,
+            &gate,
+            target,
+            &clock,
+            std::future::ready(()),
+            |_| {},
+        ));
+        assert_eq!(end, Ok(TermEnd::Released));
+    }
+}

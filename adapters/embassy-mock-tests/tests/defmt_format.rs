@@ -1,0 +1,98 @@
+//! With the `defmt` feature on (`leasehold-embassy/defmt`, which forwards to
+//! `leasehold/defmt` and `leasehold-driver/defmt`), every public type of the three
+//! crates formats with defmt. This is a host build, so the logger only counts the
+//! bytes defmt encodes: the point is that it compiles, links and encodes something.
+
+// defmt's logger contract is an `unsafe` trait; nothing else in this file is unsafe.
+#![allow(unsafe_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use leasehold_embassy::leasehold::{
+    AcquireFailure, AcquireOutcome, Action, AlreadyActive, Budget, BudgetTerm, Config,
+    ConfigBuilder, ConfigError, Duration, Event, Fence, FenceGate, GateError, GateStatus,
+    Indeterminate, Instant, LossReason, NotActive, Owner, ReleaseOutcome, RenewOutcome, RequestId,
+    StaleFence, StaleResponse, State, Stats, Term,
+};
+use leasehold_embassy::{EmbassyClock, LeaseShared, TermEnd};
+
+static ENCODED: AtomicUsize = AtomicUsize::new(0);
+
+#[defmt::global_logger]
+struct CountingLogger;
+
+// SAFETY: the logger keeps no state but an atomic counter, so it is sound to call from
+// any thread, re-entrantly or not.
+unsafe impl defmt::Logger for CountingLogger {
+    fn acquire() {}
+    unsafe fn flush() {}
+    unsafe fn release() {}
+    unsafe fn write(bytes: &[u8]) {
+        ENCODED.fetch_add(bytes.len(), Ordering::Relaxed);
+    }
+}
+
+defmt::timestamp!("{=u64:us}", 0);
+
+/// Logs `value` with defmt and returns how many bytes that encoded.
+fn encoded<T: defmt::Format>(value: T) -> usize {
+    let before = ENCODED.load(Ordering::Relaxed);
+    // `println!` is not filtered by `DEFMT_LOG` (which hides `info!` by default).
+    defmt::println!("{}", value);
+    ENCODED.load(Ordering::Relaxed) - before
+}
+
+#[test]
+fn every_public_type_formats_with_defmt() {
+    let config = Config::builder(Duration::from_secs(3)).build().unwrap();
+    let shared: LeaseShared = LeaseShared::new();
+    let snapshot = shared.gate().snapshot().unwrap();
+    let token = Owner([1; 16]).token(Term(2));
+    let sizes = [
+        // leasehold
+        encoded(Instant::from_millis(5)),
+        encoded(Duration::from_millis(5)),
+        encoded(config),
+        encoded::<ConfigBuilder>(Config::builder(Duration::from_secs(1))),
+        encoded(ConfigError::ZeroTtl),
+        encoded(Budget::default()),
+        encoded(Budget::default().check(Duration::ZERO).unwrap_err()),
+        encoded(BudgetTerm::Margin),
+        encoded(Fence(3)),
+        encoded(FenceGate::new()),
+        encoded(StaleFence {
+            presented: Fence(1),
+            newest: Fence(2),
+        }),
+        encoded(snapshot),
+        encoded(GateStatus::Held),
+        encoded(GateError::Busy),
+        encoded(State::Idle),
+        encoded(Action::Release {
+            id: RequestId(1),
+            term: Term(1),
+        }),
+        encoded(Event::Released),
+        encoded(AcquireFailure::HeldByAnother),
+        encoded(Stats::default()),
+        encoded(StaleResponse),
+        encoded(AlreadyActive { state: State::Idle }),
+        encoded(NotActive { state: State::Idle }),
+        encoded(RequestId(9)),
+        encoded(Term(9)),
+        encoded(token.owner),
+        encoded(token),
+        encoded(Indeterminate::Timeout),
+        encoded(AcquireOutcome::HeldByAnother),
+        encoded(RenewOutcome::NotOwner),
+        encoded(ReleaseOutcome::Released),
+        encoded(LossReason::Expired),
+        // leasehold-driver
+        encoded(TermEnd::Lost(LossReason::NotOwner)),
+        // leasehold-embassy
+        encoded(&shared),
+        encoded(EmbassyClock),
+    ];
+    let silent: Vec<usize> = (0..sizes.len()).filter(|&i| sizes[i] == 0).collect();
+    assert!(silent.is_empty(), "values that encoded nothing: {silent:?}");
+}

@@ -1,0 +1,685 @@
+//! One test per rule of DESIGN §4, written as timelines with explicit instants.
+//!
+//! Config used unless a test says otherwise: T = 900 ms, renew every 300 ms, request
+//! timeout 90 ms, retry every 45 ms, margin 45 ms, drift 1,000 ppm (0.9 ms of 900 ms).
+//! So a grant of 900 ms for a request sent at `s` is safe until `s + 854.1 ms`.
+
+use leasehold::*;
+
+const fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+const fn at(n: u64) -> Instant {
+    Instant::from_millis(n)
+}
+const fn at_us(n: u64) -> Instant {
+    Instant::from_micros(n)
+}
+
+/// Safe window of a 900 ms grant: 900 − 0.9 (drift) − 45 (margin) ms.
+const WINDOW_US: u64 = 854_100;
+
+struct Rig {
+    lease: Lease,
+    gate: WriteGate,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        Rig::with(Config::builder(ms(900)).build().unwrap())
+    }
+
+    fn with(config: Config) -> Rig {
+        Rig {
+            lease: Lease::new(config),
+            gate: WriteGate::new(),
+        }
+    }
+
+    /// Starts a term at `now`; returns the acquire request.
+    #[track_caller]
+    fn start(&mut self, now: Instant) -> RequestId {
+        self.lease.acquire(now, &self.gate).unwrap();
+        match self.lease.poll_action() {
+            Some(Action::Acquire { id, ttl, .. }) => {
+                assert_eq!(ttl, ms(900));
+                id
+            }
+            other => panic!("expected an acquire, got {other:?}"),
+        }
+    }
+
+    /// Acquire sent at `sent`, granted with `fence`, answered at `received`.
+    #[track_caller]
+    fn hold(&mut self, sent: Instant, received: Instant, fence: u64) {
+        let id = self.start(sent);
+        self.grant(received, id, fence, ms(900));
+        assert!(matches!(
+            self.lease.poll_event(),
+            Some(Event::Acquired { .. })
+        ));
+    }
+
+    #[track_caller]
+    fn grant(&mut self, now: Instant, id: RequestId, fence: u64, ttl: Duration) {
+        let granted = AcquireOutcome::Granted {
+            fence: Fence(fence),
+            ttl,
+        };
+        self.lease
+            .handle_acquire_response(now, id, granted, &self.gate)
+            .unwrap();
+    }
+
+    /// Fires the timer at `now`; returns the renewal it sends.
+    #[track_caller]
+    fn renewal_due(&mut self, now: Instant) -> RequestId {
+        self.lease.handle_timeout(now, &self.gate);
+        match self.lease.poll_action() {
+            Some(Action::Renew { id, .. }) => id,
+            other => panic!("expected a renewal at {now}, got {other:?}"),
+        }
+    }
+
+    #[track_caller]
+    fn renew_answer(&mut self, now: Instant, id: RequestId, outcome: RenewOutcome) {
+        self.lease
+            .handle_renew_response(now, id, outcome, &self.gate)
+            .unwrap();
+    }
+
+    fn check(&self, now: Instant) -> Result<Fence, GateError> {
+        self.gate.check(now)
+    }
+
+    fn drain_events(&mut self) -> Vec<Event> {
+        core::iter::from_fn(|| self.lease.poll_event()).collect()
+    }
+}
+
+const RENEWED: RenewOutcome = RenewOutcome::Renewed { ttl: ms(900) };
+const BLIP: RenewOutcome = RenewOutcome::Indeterminate(Indeterminate::Transport);
+
+// ----- Rule 1: deadline from send time --------------------------------------------
+
+#[test]
+fn rule1_deadline_counts_from_send_time_not_receive_time() {
+    let mut r = Rig::new();
+    // Sent at 10 ms, answered 50 ms later.
+    r.hold(at(10), at(60), 7);
+    let deadline = at_us(10_000 + WINDOW_US);
+    assert_eq!(r.lease.deadline(), Some(deadline));
+    assert_eq!(r.check(deadline - Duration::from_micros(1)), Ok(Fence(7)));
+    assert!(
+        r.check(deadline).is_err(),
+        "the gate refuses at the deadline"
+    );
+
+    // A renewal sent at 310 ms and answered at 400 ms counts from 310 ms.
+    let id = r.renewal_due(at(310));
+    r.renew_answer(at(400), id, RENEWED);
+    assert_eq!(r.lease.deadline(), Some(at_us(310_000 + WINDOW_US)));
+}
+
+#[test]
+fn rule1_drift_bound_is_taken_off_the_granted_ttl() {
+    let config = Config::builder(ms(10_000))
+        .drift_ppm(20_000) // ±2 %
+        .margin(ms(100))
+        .build()
+        .unwrap();
+    let mut r = Rig::with(config);
+    let id = {
+        r.lease.acquire(at(0), &r.gate).unwrap();
+        r.lease.poll_action().unwrap().id()
+    };
+    // The service granted 5 s instead of the 10 s asked for: the grant counts.
+    r.grant(at(1), id, 1, ms(5_000));
+    // 5 s − 2 % (100 ms) − 100 ms margin.
+    assert_eq!(r.lease.deadline(), Some(at(4_800)));
+}
+
+#[test]
+fn rule1_a_success_after_its_own_safe_deadline_is_not_a_success() {
+    let mut r = Rig::new();
+    let id = r.start(at(0));
+    // The grant arrives 860 ms after it was sent: past its own safe window.
+    r.grant(at(860), id, 3, ms(900));
+    assert_eq!(r.lease.state(), State::Lost(LossReason::Expired));
+    assert_eq!(r.check(at(860)), Err(GateError::Lost(LossReason::Expired)));
+    // The gate never opened, and the key is freed, best effort.
+    assert!(matches!(
+        r.lease.poll_action(),
+        Some(Action::Release { .. })
+    ));
+    assert_eq!(
+        r.drain_events(),
+        [Event::Lost {
+            reason: LossReason::Expired
+        }]
+    );
+
+    // Same for a renewal: sent at 300, answered after 300 + window but before the
+    // current deadline can't happen with equal grants, so use a short grant.
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 1);
+    let id = r.renewal_due(at(300));
+    let deadline_before = r.lease.deadline();
+    r.renew_answer(at(400), id, RenewOutcome::Renewed { ttl: ms(100) });
+    assert_eq!(r.lease.deadline(), deadline_before, "not extended");
+    assert!(matches!(
+        r.drain_events().as_slice(),
+        [Event::RenewFailed {
+            reason: Indeterminate::LateSuccess,
+            ..
+        }]
+    ));
+}
+
+#[test]
+fn rule1_a_deadline_only_moves_forward() {
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 1);
+    let first = r.lease.deadline().unwrap();
+    // A renewal that the service confirms with a much shorter TTL would move the
+    // deadline back: the old deadline can't be trusted any more, the term ends.
+    let id = r.renewal_due(at(300));
+    r.renew_answer(at(301), id, RenewOutcome::Renewed { ttl: ms(500) });
+    assert_eq!(r.lease.state(), State::Lost(LossReason::Shortened));
+    assert!(r.check(at(301)).is_err());
+    assert!(r.gate.snapshot().unwrap().deadline <= first);
+
+    // A normal renewal moves it forward.
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 1);
+    let id = r.renewal_due(at(300));
+    r.renew_answer(at(301), id, RENEWED);
+    assert!(r.lease.deadline().unwrap() > first);
+}
+
+// ----- Rule 2: renew every T/3, with the owner token of the term ------------------
+
+#[test]
+fn rule2_renews_every_third_of_the_ttl_from_send_times() {
+    let mut r = Rig::new();
+    r.hold(at(0), at(20), 1);
+    assert_eq!(r.lease.poll_timeout(), Some(at(300)));
+    // An early timer call does nothing.
+    r.lease.handle_timeout(at(299), &r.gate);
+    assert_eq!(r.lease.poll_action(), None);
+    let mut sent = 300;
+    for _ in 0..10 {
+        let id = r.renewal_due(at(sent));
+        // Answers take 40 ms; the cadence stays locked to send times.
+        r.renew_answer(at(sent + 40), id, RENEWED);
+        assert_eq!(r.lease.poll_timeout(), Some(at(sent + 300)));
+        sent += 300;
+    }
+}
+
+#[test]
+fn rule2_every_request_presents_the_term_so_an_old_term_cannot_touch_a_new_one() {
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 1);
+    let renew = {
+        r.lease.handle_timeout(at(300), &r.gate);
+        r.lease.poll_action().unwrap()
+    };
+    assert_eq!(renew.term(), Term(1));
+    r.lease.release(at(310), &r.gate).unwrap();
+    let release = r.lease.poll_action().unwrap();
+    assert!(matches!(release, Action::Release { term: Term(1), .. }));
+    // A new term right away: its requests present term 2, so the service compares a
+    // different owner token and the old release cannot delete the new grant.
+    r.lease.acquire(at(311), &r.gate).unwrap();
+    let acquire = r.lease.poll_action().unwrap();
+    assert_eq!(acquire.term(), Term(2));
+    let owner = Owner([9; 16]);
+    assert_ne!(owner.token(release.term()), owner.token(acquire.term()));
+}
+
+// ----- Rule 3: a blip is not loss ------------------------------------------------
+
+#[test]
+fn rule3_a_blip_is_retried_inside_the_budget_and_the_lease_survives() {
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 5);
+    let id = r.renewal_due(at(300));
+    r.renew_answer(at(310), id, BLIP);
+    assert_eq!(r.lease.state(), State::RenewPending);
+    assert_eq!(r.check(at(311)), Ok(Fence(5)), "still held: writes go on");
+    let events = r.drain_events();
+    assert!(matches!(
+        events.as_slice(),
+        [Event::RenewFailed {
+            retry_at: Some(t),
+            writes_paused: false,
+            ..
+        }] if *t == at(355)
+    ));
+    // The retry goes out after the retry interval and succeeds.
+    let id = r.renewal_due(at(355));
+    r.renew_answer(at(360), id, RENEWED);
+    assert_eq!(r.lease.state(), State::Holding);
+    assert_eq!(r.lease.deadline(), Some(at_us(355_000 + WINDOW_US)));
+}
+
+#[test]
+fn rule3_a_request_timeout_is_a_blip_too() {
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 5);
+    let first = r.renewal_due(at(300));
+    // No answer within 90 ms: indeterminate, retried 45 ms later.
+    r.lease.handle_timeout(at(390), &r.gate);
+    assert!(matches!(
+        r.drain_events().as_slice(),
+        [Event::RenewFailed {
+            reason: Indeterminate::Timeout,
+            ..
+        }]
+    ));
+    assert!(!r.lease.is_awaiting(first), "the driver may drop its I/O");
+    let retry = r.renewal_due(at(435));
+    assert_ne!(retry, first);
+}
+
+#[test]
+fn rule3_never_retries_past_the_safe_deadline() {
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 5);
+    let deadline = r.lease.deadline().unwrap();
+    let mut now = at(300);
+    let mut sent_after_deadline = 0;
+    // Every renewal fails; follow the lease's own timer until it gives up.
+    while let Some(t) = r.lease.poll_timeout() {
+        now = now.max(t);
+        r.lease.handle_timeout(now, &r.gate);
+        if let Some(action) = r.lease.poll_action() {
+            if now >= deadline && matches!(action, Action::Renew { .. }) {
+                sent_after_deadline += 1;
+            }
+            if let Action::Renew { id, .. } = action {
+                let _ = r.lease.handle_renew_response(now, id, BLIP, &r.gate);
+            }
+        }
+        if matches!(r.lease.state(), State::Lost(_)) {
+            break;
+        }
+    }
+    assert_eq!(sent_after_deadline, 0);
+    assert_eq!(r.lease.state(), State::Lost(LossReason::Expired));
+    assert_eq!(now, deadline, "lost exactly at the safe deadline");
+
+    // A blip so close to the deadline that no retry fits schedules none.
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 5);
+    let id = r.renewal_due(at(300));
+    r.lease.handle_timeout(at(390), &r.gate);
+    let _ = r.drain_events();
+    let _ = id;
+    let late = r.renewal_due(at(820));
+    r.renew_answer(at(830), late, BLIP);
+    assert!(matches!(
+        r.drain_events().as_slice(),
+        [Event::RenewFailed { retry_at: None, .. }]
+    ));
+    assert_eq!(r.lease.poll_timeout(), r.lease.deadline());
+}
+
+// ----- Rule 4: NOT_OWNER is definitive -------------------------------------------
+
+#[test]
+fn rule4_not_owner_loses_at_once_and_differs_from_expired() {
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 5);
+    let id = r.renewal_due(at(300));
+    r.renew_answer(at(305), id, RenewOutcome::NotOwner);
+    // Well before the deadline, on that very step.
+    assert_eq!(r.lease.state(), State::Lost(LossReason::NotOwner));
+    assert_eq!(r.check(at(305)), Err(GateError::Lost(LossReason::NotOwner)));
+    // No release: the key is not ours to delete.
+    assert_eq!(r.lease.poll_action(), None);
+    assert_ne!(LossReason::NotOwner, LossReason::Expired);
+}
+
+#[test]
+fn rule4_a_revocation_notice_for_the_held_fence_loses_at_once() {
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 5);
+    // A notice about another grant is stale.
+    assert_eq!(
+        r.lease.handle_revoked(at(100), Fence(4), &r.gate),
+        Err(StaleResponse)
+    );
+    assert_eq!(r.check(at(100)), Ok(Fence(5)));
+    r.lease.handle_revoked(at(101), Fence(5), &r.gate).unwrap();
+    assert_eq!(r.check(at(101)), Err(GateError::Lost(LossReason::Revoked)));
+}
+
+// ----- Rule 5: lost means stop, immediately --------------------------------------
+
+#[test]
+fn rule5_the_gate_flips_before_any_output_of_the_step() {
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 5);
+    let _ = r.renewal_due(at(300));
+    // The deadline passes with the renewal unanswered.
+    r.lease.handle_timeout(at_us(WINDOW_US), &r.gate);
+    // Before anything is polled, the gate already refuses.
+    assert_eq!(
+        r.check(at_us(WINDOW_US - 1)),
+        Err(GateError::Lost(LossReason::Expired)),
+        "refused even for a worker whose clock reads earlier"
+    );
+    // Only then: the best-effort release and the notification.
+    assert!(matches!(
+        r.lease.poll_action(),
+        Some(Action::Release { .. })
+    ));
+    assert_eq!(
+        r.drain_events(),
+        [Event::Lost {
+            reason: LossReason::Expired
+        }]
+    );
+}
+
+#[test]
+fn rule5_unlock_is_best_effort_and_never_needed_for_the_flip() {
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 5);
+    let _ = r.renewal_due(at(300));
+    r.lease.handle_timeout(at_us(WINDOW_US), &r.gate);
+    let release = r.lease.poll_action().unwrap();
+    // The release never gets an answer; the term is over anyway and the timeout of
+    // the release changes nothing.
+    assert_eq!(r.lease.state(), State::Lost(LossReason::Expired));
+    r.lease.handle_timeout(at(2_000), &r.gate);
+    assert!(!r.lease.is_awaiting(release.id()));
+    assert_eq!(r.lease.state(), State::Lost(LossReason::Expired));
+    assert_eq!(r.lease.poll_timeout(), None);
+}
+
+#[test]
+fn rule5_a_worker_waking_from_a_pause_is_refused_before_the_driver_runs() {
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 5);
+    // Driver and worker both stop for 1 s (longer than T). The worker wakes first.
+    assert!(matches!(
+        r.check(at(1_000)),
+        Err(GateError::DeadlinePassed { .. })
+    ));
+}
+
+// ----- Rule 6: release --------------------------------------------------------------
+
+#[test]
+fn rule6_release_closes_the_gate_first_then_asks_the_service() {
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 5);
+    r.lease.release(at(100), &r.gate).unwrap();
+    assert_eq!(r.check(at(100)), Err(GateError::Released));
+    assert!(matches!(
+        r.lease.poll_action(),
+        Some(Action::Release { .. })
+    ));
+    assert_eq!(r.lease.state(), State::Releasing);
+}
+
+#[test]
+fn rule6_a_failed_or_timed_out_release_still_ends_released() {
+    for answer in [
+        Some(ReleaseOutcome::Released),
+        Some(ReleaseOutcome::NotOwner),
+        Some(ReleaseOutcome::Indeterminate(Indeterminate::Transport)),
+        None, // no answer at all
+    ] {
+        let mut r = Rig::new();
+        r.hold(at(0), at(1), 5);
+        r.lease.release(at(100), &r.gate).unwrap();
+        let id = r.lease.poll_action().unwrap().id();
+        match answer {
+            Some(outcome) => r
+                .lease
+                .handle_release_response(at(110), id, outcome, &r.gate)
+                .unwrap(),
+            None => {
+                assert_eq!(r.lease.poll_timeout(), Some(at(190)));
+                r.lease.handle_timeout(at(190), &r.gate);
+            }
+        }
+        assert_eq!(r.lease.state(), State::Released, "{answer:?}");
+        assert_eq!(r.drain_events(), [Event::Released]);
+        assert_eq!(r.check(at(200)), Err(GateError::Released));
+    }
+}
+
+#[test]
+fn rule6_releasing_while_acquiring_frees_a_grant_that_may_have_happened() {
+    let mut r = Rig::new();
+    let acquire = r.start(at(0));
+    r.lease.release(at(5), &r.gate).unwrap();
+    assert!(matches!(
+        r.lease.poll_action(),
+        Some(Action::Release { .. })
+    ));
+    // The grant that raced the release is stale: the gate never opens.
+    let granted = AcquireOutcome::Granted {
+        fence: Fence(1),
+        ttl: ms(900),
+    };
+    assert_eq!(
+        r.lease
+            .handle_acquire_response(at(6), acquire, granted, &r.gate),
+        Err(StaleResponse)
+    );
+    assert!(r.check(at(6)).is_err());
+}
+
+// ----- Rule 7: fail-closed ----------------------------------------------------------
+
+#[test]
+fn rule7_fail_closed_pauses_writes_until_a_renewal_is_confirmed() {
+    let config = Config::builder(ms(900)).fail_closed(true).build().unwrap();
+    let mut r = Rig::with(config);
+    r.hold(at(0), at(1), 5);
+    let id = r.renewal_due(at(300));
+    assert_eq!(
+        r.check(at(301)),
+        Ok(Fence(5)),
+        "a renewal in flight is normal"
+    );
+    r.renew_answer(at(310), id, BLIP);
+    assert_eq!(r.check(at(311)), Err(GateError::Paused));
+    assert!(r.lease.writes_paused());
+    let id = r.renewal_due(at(355));
+    assert_eq!(r.check(at(356)), Err(GateError::Paused), "still unknown");
+    r.renew_answer(at(360), id, RENEWED);
+    assert_eq!(r.check(at(361)), Ok(Fence(5)), "confirmed: writes resume");
+}
+
+#[test]
+fn rule7_without_fail_closed_writes_continue_through_a_blip() {
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 5);
+    let id = r.renewal_due(at(300));
+    r.renew_answer(at(310), id, BLIP);
+    assert_eq!(r.check(at(311)), Ok(Fence(5)));
+}
+
+// ----- Rule 8: stale responses --------------------------------------------------
+
+#[test]
+fn rule8_stale_responses_are_ignored_counted_and_extend_nothing() {
+    let mut r = Rig::new();
+    let first_acquire = r.start(at(0));
+    r.grant(at(1), first_acquire, 5, ms(900));
+    let _ = r.drain_events();
+    let old = r.renewal_due(at(300));
+    r.lease.handle_timeout(at(390), &r.gate); // times out
+    let current = r.renewal_due(at(435));
+    let deadline = r.lease.deadline();
+
+    // The timed-out renewal answers late: ignored, even though it says "renewed".
+    assert_eq!(
+        r.lease
+            .handle_renew_response(at(440), old, RENEWED, &r.gate),
+        Err(StaleResponse)
+    );
+    // An unknown id; the acquire answered twice; the wrong kind of answer.
+    assert_eq!(
+        r.lease
+            .handle_renew_response(at(441), RequestId(999), RENEWED, &r.gate),
+        Err(StaleResponse)
+    );
+    let granted = AcquireOutcome::Granted {
+        fence: Fence(6),
+        ttl: ms(900),
+    };
+    assert_eq!(
+        r.lease
+            .handle_acquire_response(at(442), first_acquire, granted, &r.gate),
+        Err(StaleResponse)
+    );
+    assert_eq!(
+        r.lease
+            .handle_release_response(at(443), current, ReleaseOutcome::Released, &r.gate),
+        Err(StaleResponse)
+    );
+    assert_eq!(r.lease.deadline(), deadline);
+    assert_eq!(r.lease.stats().stale_responses, 4);
+    assert_eq!(r.check(at(444)), Ok(Fence(5)));
+    // The current one still counts.
+    r.renew_answer(at(450), current, RENEWED);
+    assert_eq!(r.lease.deadline(), Some(at_us(435_000 + WINDOW_US)));
+}
+
+#[test]
+fn rule8_answers_from_a_previous_term_cannot_reopen_the_gate() {
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 5);
+    let old_renewal = r.renewal_due(at(300));
+    r.renew_answer(at(301), old_renewal, RenewOutcome::NotOwner);
+    let _ = r.drain_events();
+    // New term; its acquire is pending. The old term's renewal answer shows up.
+    let _ = r.start(at(400));
+    assert_eq!(
+        r.lease
+            .handle_renew_response(at(401), old_renewal, RENEWED, &r.gate),
+        Err(StaleResponse)
+    );
+    assert_eq!(r.lease.state(), State::Acquiring);
+    assert_eq!(r.check(at(401)), Err(GateError::NotHeld));
+}
+
+// ----- Time never goes backwards -------------------------------------------------
+
+#[test]
+fn time_going_backwards_is_clamped_and_never_extends_a_deadline() {
+    let mut r = Rig::new();
+    r.hold(at(100), at(101), 5);
+    let id = r.renewal_due(at(400));
+    // The answer carries a `now` from before the send (a clock glitch).
+    r.renew_answer(at(50), id, RENEWED);
+    // The deadline counts from the real send time; nothing moved back.
+    assert_eq!(r.lease.deadline(), Some(at_us(400_000 + WINDOW_US)));
+    assert_eq!(r.lease.now(), at(400));
+    // And a timer call with an old instant is harmless.
+    r.lease.handle_timeout(at(0), &r.gate);
+    assert_eq!(r.lease.state(), State::Holding);
+}
+
+#[test]
+fn handle_timeout_is_idempotent_and_never_leaves_a_timer_in_the_past() {
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 5);
+    let id = r.renewal_due(at(300));
+    r.lease.handle_timeout(at(300), &r.gate);
+    r.lease.handle_timeout(at(300), &r.gate);
+    assert_eq!(r.lease.poll_action(), None, "no duplicate renewal");
+    assert!(r.lease.is_awaiting(id));
+    assert!(r.lease.poll_timeout().unwrap() > at(300));
+}
+
+// ----- Rule 9: config validation ------------------------------------------------
+
+#[test]
+fn rule9_each_config_violation_has_its_own_error() {
+    let t = ms(900);
+    let cases: [(ConfigBuilder, ConfigError); 10] = [
+        (Config::builder(Duration::ZERO), ConfigError::ZeroTtl),
+        (
+            Config::builder(t).renew_interval(Duration::ZERO),
+            ConfigError::ZeroRenewInterval,
+        ),
+        (
+            Config::builder(t).renew_interval(t),
+            ConfigError::RenewIntervalNotBelowTtl,
+        ),
+        (
+            Config::builder(t).request_timeout(Duration::ZERO),
+            ConfigError::ZeroRequestTimeout,
+        ),
+        (
+            Config::builder(t).request_timeout(t),
+            ConfigError::RequestTimeoutNotBelowTtl,
+        ),
+        (
+            Config::builder(t).retry_interval(Duration::ZERO),
+            ConfigError::ZeroRetryInterval,
+        ),
+        (
+            Config::builder(t).retry_interval(t),
+            ConfigError::RetryIntervalNotBelowTtl,
+        ),
+        (Config::builder(t).margin(t), ConfigError::MarginNotBelowTtl),
+        (
+            Config::builder(t).drift_ppm(1_000_000),
+            ConfigError::DriftNotBelowOneMillionPpm,
+        ),
+        (
+            Config::builder(t).margin(ms(400)).renew_interval(ms(500)),
+            ConfigError::RenewIntervalNotBelowSafeWindow,
+        ),
+    ];
+    for (builder, expected) in cases {
+        assert_eq!(builder.build(), Err(expected));
+        // Every error explains itself.
+        assert!(!expected.to_string().is_empty());
+    }
+    assert!(Config::builder(t).build().is_ok());
+}
+
+// ----- Rule 10: TTL sizing ---------------------------------------------------------
+
+#[test]
+fn rule10_budget_sizes_the_ttl_from_the_lessons_numbers() {
+    let budget = Budget {
+        work_p99: ms(200),
+        renew_rtt_p99: ms(20),
+        pause_budget: ms(150),
+        margin: ms(30),
+    };
+    assert_eq!(budget.total(), ms(400));
+    assert_eq!(
+        budget.check(ms(400)),
+        Err(BudgetError {
+            ttl: ms(400),
+            required: ms(400),
+            failing_term: BudgetTerm::Margin
+        })
+    );
+    assert_eq!(
+        budget.check(ms(360)).unwrap_err().failing_term,
+        BudgetTerm::PauseBudget
+    );
+    assert_eq!(budget.check(ms(600)), Ok(()));
+    let config = Config::builder(ms(600))
+        .margin(budget.margin)
+        .build()
+        .unwrap();
+    assert_eq!(config.renew_interval(), ms(200));
+    // The error says which term does not fit.
+    let message = budget.check(ms(300)).unwrap_err().to_string();
+    assert!(message.contains("pause budget"), "{message}");
+}

@@ -1,0 +1,288 @@
+//! Calls every method of the lease core — `Lease`, `WriteGate`, `FenceGate`, `Config`,
+//! `Budget`, `OwnerToken::encode` — with inputs the optimiser cannot see, in any order,
+//! forever. Nothing else: no executor, no time driver, no formatting.
+//!
+//! `scripts/firmware-size.sh` builds it twice: with the `lease` feature (the calls) and
+//! without (only the opaque inputs); the difference in `.text` is the flash the core
+//! costs a firmware that uses all of it. With `panic-check` it links only if no panic
+//! path is left in the core. It also carries, in `.bss`, one array per type whose
+//! symbol size is that type's `size_of` on this target (read with `nm -S`).
+#![no_std]
+#![no_main]
+
+#[path = "../panic.rs"]
+mod panic;
+
+use core::hint::black_box;
+use core::mem::{size_of, MaybeUninit};
+
+use leasehold::{Lease, WriteGate};
+
+// Their symbol sizes are the measurement. In cortex-m-rt's `.uninit` (RAM, never
+// initialised, no flash image) and in both variants, so the flash difference is the
+// core's code alone. (`no_mangle` keeps the names readable for nm.)
+#[used]
+#[no_mangle]
+#[link_section = ".uninit.leasehold_size_of_lease"]
+static LEASEHOLD_SIZE_OF_LEASE: MaybeUninit<[u8; size_of::<Lease>()]> = MaybeUninit::uninit();
+#[used]
+#[no_mangle]
+#[link_section = ".uninit.leasehold_size_of_write_gate"]
+static LEASEHOLD_SIZE_OF_WRITE_GATE: MaybeUninit<[u8; size_of::<WriteGate>()]> =
+    MaybeUninit::uninit();
+
+/// A value the optimiser cannot predict.
+fn input() -> u64 {
+    black_box(0)
+}
+
+/// A small value the optimiser cannot predict (selects an input kind with a mask, not
+/// a division, so that the harness adds as little code as possible).
+#[cfg(feature = "lease")]
+fn choice() -> u32 {
+    black_box(0)
+}
+
+#[cortex_m_rt::entry]
+fn main() -> ! {
+    #[cfg(all(feature = "lease", feature = "probe-driver"))]
+    driver_probe::run();
+    #[cfg(all(feature = "lease", not(feature = "probe-driver")))]
+    probe::run();
+    #[cfg(not(feature = "lease"))]
+    loop {
+        black_box(input());
+    }
+}
+
+#[cfg(all(feature = "lease", not(feature = "probe-driver")))]
+mod probe {
+    use core::hint::black_box;
+
+    use leasehold::{
+        AcquireOutcome, Budget, Config, Duration, Fence, FenceGate, Indeterminate, Instant, Lease,
+        Owner, ReleaseOutcome, RenewOutcome, RequestId, Term, WriteGate,
+    };
+
+    use super::{choice, input};
+
+    static GATE: WriteGate = WriteGate::new();
+
+    const FALLBACK: Config = match Config::builder(Duration::from_secs(3)).build() {
+        Ok(config) => config,
+        Err(_) => panic!("invalid fallback config"),
+    };
+
+    fn duration() -> Duration {
+        Duration::from_micros(input())
+    }
+
+    fn config() -> Config {
+        let built = Config::builder(duration())
+            .renew_interval(duration())
+            .request_timeout(duration())
+            .retry_interval(duration())
+            .margin(duration())
+            .drift_ppm(input() as u32)
+            .fail_closed(input() & 1 == 1)
+            .build();
+        match built {
+            Ok(config) => config,
+            Err(error) => {
+                black_box(error);
+                FALLBACK
+            }
+        }
+    }
+
+    fn why() -> Indeterminate {
+        match choice() & 7 {
+            0 => Indeterminate::Timeout,
+            1 => Indeterminate::Transport,
+            2 => Indeterminate::Protocol,
+            3 => Indeterminate::Service,
+            _ => Indeterminate::LateSuccess,
+        }
+    }
+
+    pub fn run() -> ! {
+        let mut lease = Lease::new(config());
+        let mut storage = FenceGate::starting_at(Fence(input()));
+        loop {
+            let now = Instant::from_micros(input());
+            let id = RequestId(input());
+            let fence = Fence(input());
+            let ttl = duration();
+            match choice() & 7 {
+                0 => {
+                    let _ = black_box(lease.acquire(now, &GATE));
+                }
+                1 => {
+                    let _ = black_box(lease.release(now, &GATE));
+                }
+                2 => lease.handle_timeout(now, &GATE),
+                3 => {
+                    let outcome = match choice() & 3 {
+                        0 => AcquireOutcome::Granted { fence, ttl },
+                        1 => AcquireOutcome::HeldByAnother,
+                        _ => AcquireOutcome::Indeterminate(why()),
+                    };
+                    let _ = black_box(lease.handle_acquire_response(now, id, outcome, &GATE));
+                }
+                4 => {
+                    let outcome = match choice() & 3 {
+                        0 => RenewOutcome::Renewed { ttl },
+                        1 => RenewOutcome::NotOwner,
+                        _ => RenewOutcome::Indeterminate(why()),
+                    };
+                    let _ = black_box(lease.handle_renew_response(now, id, outcome, &GATE));
+                }
+                5 => {
+                    let outcome = match choice() & 3 {
+                        0 => ReleaseOutcome::Released,
+                        1 => ReleaseOutcome::NotOwner,
+                        _ => ReleaseOutcome::Indeterminate(why()),
+                    };
+                    let _ = black_box(lease.handle_release_response(now, id, outcome, &GATE));
+                }
+                6 => {
+                    let _ = black_box(lease.handle_revoked(now, fence, &GATE));
+                }
+                _ => {
+                    black_box((lease.state(), lease.term(), lease.fence(), lease.deadline()));
+                    black_box((lease.writes_paused(), lease.now(), lease.stats()));
+                    black_box((lease.is_awaiting(id), lease.config().ttl()));
+                    let budget = Budget {
+                        work_p99: duration(),
+                        renew_rtt_p99: duration(),
+                        pause_budget: duration(),
+                        margin: duration(),
+                    };
+                    let _ = black_box(budget.check(ttl));
+                    let owner = Owner(black_box([0x5a; 16]));
+                    black_box(owner.token(Term(choice())).encode().as_bytes());
+                }
+            }
+            while let Some(action) = lease.poll_action() {
+                let _ = black_box(action);
+            }
+            while let Some(event) = lease.poll_event() {
+                let _ = black_box(event);
+            }
+            black_box(lease.poll_timeout());
+            let _ = black_box(GATE.check(now));
+            black_box(GATE.snapshot());
+            let _ = black_box(storage.admit(fence));
+        }
+    }
+}
+
+/// The shared driver loop (`leasehold_driver::run_term`) polled by hand with a clock,
+/// a service and a release trigger whose futures are ready at once with opaque values:
+/// the driver's own code and nothing else (no executor, no embassy-time).
+#[cfg(all(feature = "lease", feature = "probe-driver"))]
+mod driver_probe {
+    use core::future::{poll_fn, Future};
+    use core::hint::black_box;
+    use core::pin::pin;
+    use core::task::{Context, Poll, Waker};
+
+    use leasehold::{
+        AcquireOutcome, Config, Duration, Fence, Indeterminate, Instant, Lease, Owner, OwnerToken,
+        ReleaseOutcome, RenewOutcome, WriteGate,
+    };
+    use leasehold_embassy::leasehold_driver::{run_term, Clock, LocalLockService, Target};
+
+    use super::{choice, input};
+
+    static GATE: WriteGate = WriteGate::new();
+
+    const CONFIG: Config = match Config::builder(Duration::from_secs(3)).build() {
+        Ok(config) => config,
+        Err(_) => panic!("invalid config"),
+    };
+
+    /// Ready at once with `value`, however often it is polled (`core::future::Ready`
+    /// would add a "polled after completion" panic of its own to the measurement).
+    fn ready<T: Copy>(value: T) -> impl Future<Output = T> {
+        poll_fn(move |_| Poll::Ready(value))
+    }
+
+    struct OpaqueClock;
+
+    impl Clock for OpaqueClock {
+        fn now(&self) -> Instant {
+            Instant::from_micros(input())
+        }
+        fn sleep_until(&self, _deadline: Instant) -> impl Future<Output = ()> {
+            ready(())
+        }
+    }
+
+    struct OpaqueService;
+
+    fn why() -> Indeterminate {
+        if choice() & 1 == 0 {
+            Indeterminate::Timeout
+        } else {
+            Indeterminate::Transport
+        }
+    }
+
+    impl LocalLockService for OpaqueService {
+        fn acquire(
+            &self,
+            _: &str,
+            _: OwnerToken,
+            ttl: Duration,
+        ) -> impl Future<Output = AcquireOutcome> {
+            ready(match choice() & 3 {
+                0 => AcquireOutcome::Granted {
+                    fence: Fence(input()),
+                    ttl,
+                },
+                1 => AcquireOutcome::HeldByAnother,
+                _ => AcquireOutcome::Indeterminate(why()),
+            })
+        }
+        fn renew(
+            &self,
+            _: &str,
+            _: OwnerToken,
+            ttl: Duration,
+        ) -> impl Future<Output = RenewOutcome> {
+            ready(match choice() & 3 {
+                0 => RenewOutcome::Renewed { ttl },
+                1 => RenewOutcome::NotOwner,
+                _ => RenewOutcome::Indeterminate(why()),
+            })
+        }
+        fn release(&self, _: &str, _: OwnerToken) -> impl Future<Output = ReleaseOutcome> {
+            ready(ReleaseOutcome::Released)
+        }
+    }
+
+    pub fn run() -> ! {
+        let mut lease = Lease::new(CONFIG);
+        let target = Target {
+            service: &OpaqueService,
+            key: "k",
+            owner: Owner([1; 16]),
+        };
+        let mut cx = Context::from_waker(Waker::noop());
+        loop {
+            let release = core::future::poll_fn(|_| {
+                if choice() == 0 {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            });
+            let term = run_term(&mut lease, &GATE, target, &OpaqueClock, release, |e| {
+                let _ = black_box(e);
+            });
+            let mut term = pin!(term);
+            while term.as_mut().poll(&mut cx).is_pending() {}
+        }
+    }
+}

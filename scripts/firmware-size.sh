@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Flash, RAM, stack and panic paths of leasehold in bare-metal firmware
+# (examples/firmware, release profile: opt-level "z", LTO, panic = "abort",
+# codegen-units = 1), for thumbv7em-none-eabihf (Cortex-M4F) and thumbv6m-none-eabi
+# (Cortex-M0). Prints a table; see adapters/embassy/NOTES.md for how to read it.
+#
+# How each number is made:
+#   core flash      core-probe (calls every core method on opaque inputs) minus the
+#                   same probe without the calls; .text + .rodata.
+#   driver flash    core-probe --features probe-driver (polls the shared driver loop
+#                   with ready-made futures) minus the bare probe: core + driver.
+#   firmware flash  examples/firmware with the lease minus the same firmware without
+#                   it (feature `lease` off: the link traffic by hand, unguarded writes):
+#                   core + driver + adapter + the LocalLockService glue + lease task.
+#                   Flash = .text + .rodata + .data (initialisers live in flash).
+#   RAM             .data + .bss of the same two builds; size_of from symbol sizes
+#                   (nm -S): Lease and WriteGate (core-probe), LeaseShared (the
+#                   firmware's static), the lease task's future (its embassy task pool).
+#   stack           high-water mark of the main stack (all embassy tasks and
+#                   interrupts share it), firmware run to the end under QEMU with the
+#                   stack painted at reset (cortex-m-rt `paint-stack`), with and
+#                   without the lease. Skipped when qemu-system-arm is not installed.
+#   panic paths     builds whose panic handler calls an undefined function: they link
+#                   only if no panic path survived. For the builds that do not link,
+#                   the functions that still call a panic routine are listed.
+set -euo pipefail
+cd "$(dirname "$0")/../examples/firmware"
+
+SIZE=arm-none-eabi-size
+NM=arm-none-eabi-nm
+OBJDUMP=arm-none-eabi-objdump
+command -v "$SIZE" >/dev/null || { echo "arm-none-eabi-size missing: run scripts/setup.sh" >&2; exit 1; }
+
+build() { # target, bin, features... -> path of a copy of the ELF
+    local target=$1 bin=$2 tag=$3
+    shift 3
+    cargo build --locked -q --release --target "$target" --bin "$bin" "$@"
+    mkdir -p target/size
+    cp "target/$target/release/$bin" "target/size/$bin-$target-$tag"
+    echo "target/size/$bin-$target-$tag"
+}
+
+section() { # elf, section -> bytes
+    "$SIZE" -A "$1" | awk -v s="$2" '$1 == s { print $2; found = 1 } END { if (!found) print 0 }'
+}
+flash() { echo $(($(section "$1" .text) + $(section "$1" .rodata) + $(section "$1" .data))); }
+ram() { echo $(($(section "$1" .data) + $(section "$1" .bss))); }
+sym() { "$NM" -S -C "$1" | grep -E "$2" | head -1 | { read -r _ size _; echo $((16#$size)); }; }
+
+panic_callers() { # elf -> "function (count)" list of callers of panic routines
+    "$OBJDUMP" -d -C "$1" |
+        awk '/^[0-9a-f]+ <.*>:$/ { fn = $0; sub(/^[0-9a-f]+ </, "", fn); sub(/>:$/, "", fn) }
+             /\tbl\t.*<(core::panicking|core::option::expect_failed|core::result::unwrap_failed|core::cell::panic_already)/ {
+                 callee = $0; sub(/^.*</, "", callee); sub(/>.*$/, "", callee)
+                 if (fn !~ /^core::(panicking|option::expect_failed|result::unwrap_failed|cell::panic)/) n[fn " -> " callee]++ }
+             END { for (f in n) printf "    %s (%d)\n", f, n[f] }' | sort
+}
+
+links_without_panic() { # target, bin, features... -> "yes" / "no"
+    local target=$1 bin=$2
+    shift 2
+    if cargo build --locked -q --release --target "$target" --bin "$bin" --features panic-check "$@" 2>/dev/null; then
+        echo yes
+    else
+        echo no
+    fi
+}
+
+stack_start() { # target, machine, features: builds, then runs QEMU in the background
+    local target=$1 machine=$2 features=$3
+    local elf="target/size/firmware-$target-qemu-$features"
+    cargo build --locked -q --release --target "$target" --bin firmware \
+        --no-default-features --features "$features"
+    cp "target/$target/release/firmware" "$elf"
+    timeout 120 qemu-system-arm -M "$machine" -nographic \
+        -semihosting-config enable=on,target=native -kernel "$elf" >"$elf.log" 2>&1 &
+}
+stack_result() { # target, features -> bytes or n/a
+    local log="target/size/firmware-$1-qemu-$2.log"
+    [[ -f $log ]] || { echo "n/a"; return; }
+    awk -F= '/stack_high_water_bytes/ { print $2; found = 1 } END { if (!found) print "n/a" }' "$log"
+}
+
+declare -A out
+for target in thumbv7em-none-eabihf thumbv6m-none-eabi; do
+    bare=$(build "$target" core-probe bare --no-default-features)
+    core=$(build "$target" core-probe core)
+    driver=$(build "$target" core-probe driver --features probe-driver)
+    base=$(build "$target" firmware baseline --no-default-features)
+    full=$(build "$target" firmware lease)
+    out[$target.core]=$(($(flash "$core") - $(flash "$bare")))
+    out[$target.driver]=$(($(flash "$driver") - $(flash "$bare")))
+    out[$target.fw_flash]=$(($(flash "$full") - $(flash "$base")))
+    out[$target.fw_flash_abs]="$(flash "$full") vs $(flash "$base")"
+    out[$target.fw_ram]=$(($(ram "$full") - $(ram "$base")))
+    out[$target.fw_ram_abs]="$(ram "$full") vs $(ram "$base")"
+    out[$target.lease]=$(sym "$core" ' LEASEHOLD_SIZE_OF_LEASE$')
+    out[$target.gate]=$(sym "$core" ' LEASEHOLD_SIZE_OF_WRITE_GATE$')
+    out[$target.shared]=$(sym "$full" ' firmware::lease::LEASE$')
+    out[$target.task]=$(sym "$full" ' firmware::lease::lease_task::POOL$')
+    out[$target.core_panic]=$(links_without_panic "$target" core-probe)
+    out[$target.driver_panic]=$(links_without_panic "$target" core-probe --features probe-driver)
+    out[$target.fw_panic]=$(links_without_panic "$target" firmware)
+    out[$target.driver_callers]=$(panic_callers "$driver")
+    out[$target.fw_callers]=$(panic_callers "$full")
+done
+
+# Stack: four QEMU runs in parallel (about 25 s; SysTick follows the host clock).
+rm -f target/size/*.log
+if command -v qemu-system-arm >/dev/null; then
+    for target in thumbv7em-none-eabihf thumbv6m-none-eabi; do
+        # mps2-an386 is a Cortex-M4; the Cortex-M0 build runs on the Cortex-M3
+        # mps2-an385 (ARMv6-M code is ARMv7-M code: same instructions, same stack).
+        machine=mps2-an386
+        [[ $target == thumbv6m-none-eabi ]] && machine=mps2-an385
+        stack_start "$target" "$machine" semihosting,paint-stack,lease
+        stack_start "$target" "$machine" semihosting,paint-stack
+    done
+    wait
+else
+    echo "qemu-system-arm not installed: no stack measurement" >&2
+fi
+for target in thumbv7em-none-eabihf thumbv6m-none-eabi; do
+    out[$target.stack_full]=$(stack_result "$target" semihosting,paint-stack,lease)
+    out[$target.stack_base]=$(stack_result "$target" semihosting,paint-stack)
+done
+
+row() { printf '| %-52s | %-22s | %-22s |\n' "$@"; }
+v7=thumbv7em-none-eabihf
+v6=thumbv6m-none-eabi
+echo
+row "measure (bytes)" "thumbv7em (Cortex-M4F)" "thumbv6m (Cortex-M0)"
+row "---" "---" "---"
+row "core flash (.text+.rodata), all of its API" "${out[$v7.core]}" "${out[$v6.core]}"
+row "shared driver loop + the core methods it calls" "${out[$v7.driver]}" "${out[$v6.driver]}"
+row "firmware flash added by the lease (lease - baseline)" "${out[$v7.fw_flash]}" "${out[$v6.fw_flash]}"
+row "  firmware flash, lease vs baseline" "${out[$v7.fw_flash_abs]}" "${out[$v6.fw_flash_abs]}"
+row "firmware RAM added (.data+.bss)" "${out[$v7.fw_ram]}" "${out[$v6.fw_ram]}"
+row "  firmware RAM, lease vs baseline" "${out[$v7.fw_ram_abs]}" "${out[$v6.fw_ram_abs]}"
+row "size_of::<Lease>()" "${out[$v7.lease]}" "${out[$v6.lease]}"
+row "size_of::<WriteGate>()" "${out[$v7.gate]}" "${out[$v6.gate]}"
+row "size_of::<LeaseShared>() (gate + 2 signals)" "${out[$v7.shared]}" "${out[$v6.shared]}"
+row "lease task future (embassy task pool, .bss)" "${out[$v7.task]}" "${out[$v6.task]}"
+row "main stack high-water, lease vs baseline (QEMU)" "${out[$v7.stack_full]} vs ${out[$v7.stack_base]}" "${out[$v6.stack_full]} vs ${out[$v6.stack_base]}"
+row "core links with no panic path" "${out[$v7.core_panic]}" "${out[$v6.core_panic]}"
+row "core + driver links with no panic path" "${out[$v7.driver_panic]}" "${out[$v6.driver_panic]}"
+row "whole firmware links with no panic path" "${out[$v7.fw_panic]}" "${out[$v6.fw_panic]}"
+echo
+echo "Functions that still call a panic routine (thumbv7em):"
+echo "  core + driver probe:"
+echo "${out[$v7.driver_callers]:-    (none)}"
+echo "  whole firmware (embassy tasks are inlined into TaskStorage::poll):"
+echo "${out[$v7.fw_callers]:-    (none)}"
+for target in $v7 $v6; do
+    log="target/size/firmware-$target-qemu-semihosting,paint-stack,lease.log"
+    [[ -f $log ]] && { echo "QEMU run, $target, with the lease:"; sed 's/^/    /' "$log"; }
+done
+# The checks that must hold: the core fits its budgets and has no panic path.
+fail=0
+for target in $v7 $v6; do
+    [[ ${out[$target.core_panic]} == yes ]] || { echo "FAIL: a panic path in the core ($target)"; fail=1; }
+    ((out[$target.lease] <= 128)) || { echo "FAIL: Lease over 128 B ($target)"; fail=1; }
+    ((out[$target.gate] <= 24)) || { echo "FAIL: WriteGate over 24 B ($target)"; fail=1; }
+done
+exit $fail
