@@ -234,11 +234,7 @@ fn outage_longer_than_ttl() {
             .await;
         // Let the watcher see the key after that renewal.
         let token = a.token();
-        watcher
-            .wait_until("a sample of the renewed key", std_ms(1_000), |s| {
-                s.holder.as_deref() == Some(token.as_str())
-            })
-            .await;
+        watcher.wait_covers(&a).await;
 
         server.kill();
         let (lost_at, reason) = a.lost(std_ms(3_000)).await;
@@ -503,11 +499,7 @@ fn network_stall() {
 
         // A long stall: the budget runs out before Redis's TTL does.
         let token = a.token();
-        watcher
-            .wait_until("a sample after the renewal", std_ms(1_000), |s| {
-                s.holder.as_deref() == Some(token.as_str())
-            })
-            .await;
+        watcher.wait_covers(&a).await;
         proxy.set_mode(ProxyMode::Stall);
         let (lost_at, reason) = a.lost(std_ms(3_000)).await;
         assert_eq!(reason, LossReason::Expired);
@@ -896,11 +888,7 @@ fn held_key_replaced_by_hash() {
         let mut a = spawn_term(service.clone(), "hh", config(400));
         a.acquired(std_ms(2_000)).await;
         let token = a.token();
-        watcher
-            .wait_until("a sample of the grant", std_ms(1_000), |s| {
-                s.holder.as_deref() == Some(token.as_str())
-            })
-            .await;
+        watcher.wait_covers(&a).await;
         // Replace it atomically, keeping a TTL so it looks "held" by a hash.
         let _: () = redis::pipe()
             .atomic()

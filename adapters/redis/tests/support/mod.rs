@@ -257,6 +257,15 @@ impl Holder {
         }
     }
 
+    /// When the latest grant or renewal was reported (its reply had arrived, so Redis
+    /// had executed it).
+    pub fn last_grant_at(&self) -> Option<Instant> {
+        self.log.borrow().iter().rev().find_map(|(at, e)| match e {
+            Event::Acquired { .. } | Event::Renewed { .. } => Some(*at),
+            _ => None,
+        })
+    }
+
     /// The latest safe deadline the gate was opened with (grant or renewal).
     pub fn last_deadline(&self) -> Option<Instant> {
         self.log.borrow().iter().rev().find_map(|(_, e)| match e {
@@ -456,6 +465,18 @@ impl KeyWatcher {
             .iter()
             .rposition(|s| s.holder.as_deref() == Some(token))?;
         samples.get(last + 1).map(|s| s.received)
+    }
+
+    /// Waits for a sample, sent after `holder`'s latest grant or renewal was
+    /// reported, that shows the key held by it: the expiry bound then covers that
+    /// renewal.
+    pub async fn wait_covers(&self, holder: &Holder) {
+        let token = holder.token();
+        let after = holder.last_grant_at().expect("granted");
+        self.wait_until("a sample after the latest renewal", std_ms(1_000), |s| {
+            s.sent > after && s.holder.as_deref() == Some(token.as_str())
+        })
+        .await;
     }
 
     pub async fn wait_until(&self, what: &str, limit: StdDuration, pred: impl Fn(&Sample) -> bool) {
