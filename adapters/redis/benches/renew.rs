@@ -109,6 +109,11 @@ fn main() {
         &failover.iter().map(|f| f.1).collect::<Vec<_>>(),
     );
     row("T + retry interval", &[315.0]);
+    let within = failover.iter().filter(|(m, b)| m <= b).count();
+    println!(
+        "\n{within} of {} trials granted within their bound (TTL left + one retry interval)",
+        failover.len()
+    );
 }
 
 fn median(values: &[f64]) -> f64 {
