@@ -57,6 +57,10 @@ fn main() {
             key_deleted_or_overwritten,
         ),
         (
+            "lost_acquire_answer_is_regranted_with_the_same_fence",
+            lost_acquire_answer,
+        ),
+        (
             "failover_to_a_replica_that_has_the_grant",
             failover_replicated,
         ),
@@ -805,6 +809,45 @@ fn failover_lost_write() {
 
 async fn service_at(server: &RedisServer) -> RedisLockService {
     service(&server.url()).await
+}
+
+// ---------------------------------------------------------------------------------
+// A lost acquire answer
+// ---------------------------------------------------------------------------------
+
+fn lost_acquire_answer() {
+    let server = RedisServer::start();
+    run_local(async {
+        let proxy = Proxy::start(server.port).await;
+        let service = service(&proxy.url()).await;
+        let mut raw = raw(&server.url()).await;
+        // The acquire goes out into a stalled network and times out at the lease…
+        proxy.set_mode(ProxyMode::Stall);
+        let mut a = spawn_term(service.clone(), "lost", config(600));
+        let _ = a
+            .next_event("the acquire to time out", std_ms(2_000), |e| {
+                matches!(
+                    e,
+                    Event::AcquireFailed {
+                        reason: leasehold::AcquireFailure::Indeterminate(
+                            leasehold::Indeterminate::Timeout
+                        ),
+                        ..
+                    }
+                )
+            })
+            .await;
+        // …then reaches Redis anyway, which grants it; that answer is discarded. The
+        // retry presents the same token and is granted again with the same fence.
+        proxy.set_mode(ProxyMode::Forward);
+        let (fence, _) = a.acquired(std_ms(2_000)).await;
+        assert_eq!(fence, Fence(1));
+        let counter: String = raw.get("{lost}:fence").await.unwrap();
+        assert_eq!(counter, "1", "no fence spent on the retry");
+        let holder: String = raw.get("{lost}").await.unwrap();
+        assert_eq!(holder, a.token());
+        assert_eq!(a.release().await, TermEnd::Released);
+    });
 }
 
 // ---------------------------------------------------------------------------------

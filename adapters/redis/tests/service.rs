@@ -352,3 +352,60 @@ fn a_lease_renews_every_third_through_redis_and_releases() {
         assert_eq!(gone, None, "released at the service");
     });
 }
+
+#[test]
+fn the_service_is_send_and_shared_by_many_tasks_on_a_multi_threaded_runtime() {
+    use leasehold::{AcquireOutcome, ReleaseOutcome, RenewOutcome};
+    use leasehold_driver::LockService;
+    use std::sync::Arc;
+
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let service = Arc::new(service(&server.url()).await);
+        let tasks: Vec<_> = (0..32u8)
+            .map(|i| {
+                let service = service.clone();
+                tokio::spawn(async move {
+                    let key = format!("mt{i}");
+                    let t = token(i, 1);
+                    let granted = LockService::acquire(&*service, &key, t, ms(1_000)).await;
+                    assert!(matches!(
+                        granted,
+                        AcquireOutcome::Granted {
+                            fence: Fence(1),
+                            ..
+                        }
+                    ));
+                    for _ in 0..20 {
+                        let renewed = LockService::renew(&*service, &key, t, ms(1_000)).await;
+                        assert!(
+                            matches!(renewed, RenewOutcome::Renewed { .. }),
+                            "{renewed:?}"
+                        );
+                    }
+                    let released = LockService::release(&*service, &key, t).await;
+                    assert_eq!(released, ReleaseOutcome::Released);
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+    });
+}
+
+#[test]
+fn a_missing_redis_server_binary_fails_naming_the_debian_package() {
+    let panic = std::panic::catch_unwind(|| support::server::binary("redis-server-not-installed"))
+        .expect_err("a missing binary must fail, never skip");
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        message.contains("Debian package `redis-server`"),
+        "{message}"
+    );
+}
