@@ -16,8 +16,9 @@ use crate::scripts::{self, AcquireReply};
 ///
 /// Cloning is cheap (the connection and the script table are shared). `C` is any
 /// async redis connection: the default [`ConnectionManager`] reconnects on its own
-/// after a broken connection; a [`redis::aio::MultiplexedConnection`] or a cluster
-/// connection work too, through [`RedisLockService::from_connection`].
+/// after a broken connection; a [`redis::aio::MultiplexedConnection`] works too, or
+/// any other [`ConnectionLike`] (a cluster connection: untested here), through
+/// [`RedisLockService::from_connection`].
 ///
 /// Requests are `EVALSHA` of scripts loaded once when the service is built; if
 /// Redis has forgotten a script (`SCRIPT FLUSH`, a restart, a failover to a replica

@@ -409,3 +409,61 @@ fn a_missing_redis_server_binary_fails_naming_the_debian_package() {
         "{message}"
     );
 }
+
+#[test]
+fn errors_reach_the_lease_as_indeterminate_and_are_logged_with_tracing() {
+    use leasehold::{AcquireOutcome, Indeterminate, RenewOutcome};
+    use leasehold_driver::LockService;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    let server = RedisServer::start();
+    let logs = Buffer::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        run_local(async {
+            let service = service(&server.url()).await;
+            let mut raw = raw(&server.url()).await;
+            let _: () = raw.hset("{typed}", "f", "v").await.unwrap();
+            let t = token(1, 1);
+            assert_eq!(
+                LockService::acquire(&service, "typed", t, ms(1_000)).await,
+                AcquireOutcome::Indeterminate(Indeterminate::Service)
+            );
+            assert_eq!(
+                LockService::renew(&service, "typed", t, ms(1_000)).await,
+                RenewOutcome::Indeterminate(Indeterminate::Service)
+            );
+            assert_eq!(
+                LockService::acquire(&service, "", t, ms(1_000)).await,
+                AcquireOutcome::Indeterminate(Indeterminate::Protocol)
+            );
+        })
+    });
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(text.contains("WARN"), "{text}");
+    assert!(
+        text.contains("op=acquire") && text.contains("op=renew"),
+        "{text}"
+    );
+    assert!(text.contains("WRONGTYPE"), "{text}");
+    assert!(
+        text.contains("ERROR") && text.contains("must not be empty"),
+        "{text}"
+    );
+}
