@@ -5,6 +5,7 @@
 //! # Features
 #![doc = document_features::document_features!()]
 
+pub mod memory;
 mod time;
 
 pub use time::LeaseClock;
