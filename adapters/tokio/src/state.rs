@@ -71,9 +71,9 @@ impl LeaseState {
             LeaseState::Releasing | LeaseState::Released => Some(LeaseEnd::Released),
             LeaseState::Lost(reason) => Some(LeaseEnd::Lost(reason)),
             LeaseState::DriverStopped => Some(LeaseEnd::DriverStopped),
-            LeaseState::Acquiring | LeaseState::Holding { .. } | LeaseState::RenewPending { .. } => {
-                None
-            }
+            LeaseState::Acquiring
+            | LeaseState::Holding { .. }
+            | LeaseState::RenewPending { .. } => None,
         }
     }
 }

@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
-use common::{config, lease_us, ms, Kind, Recording, Timeline};
+use common::{config, lease_us, ms, poll_once, within, Kind, Recording, Timeline};
 use leasehold::{
     Budget, Config, Duration, Event, Fence, FenceGate, GateError, Indeterminate, LossReason,
     StaleFence,
@@ -50,7 +50,7 @@ async fn deadline_counts_from_the_send_time_not_the_answer() {
     assert_eq!(lease.deadline(), expected);
 
     let mut events = lease.events();
-    let renewed = events.recv().await.unwrap();
+    let renewed = within(3_000, events.recv()).await.unwrap();
     assert_eq!(renewed.lease_time, lease_us(360_000), "answered at 360 ms");
     assert_eq!(
         renewed.event,
@@ -101,7 +101,7 @@ async fn a_lost_renewal_is_retried_inside_the_budget_and_the_lease_survives() {
         service.sent_ms(&timeline, lease.token(), Kind::Renew),
         [300, 435, 735]
     );
-    let first = events.recv().await.unwrap().event;
+    let first = within(3_000, events.recv()).await.unwrap().event;
     assert!(
         matches!(
             first,
@@ -113,7 +113,7 @@ async fn a_lost_renewal_is_retried_inside_the_budget_and_the_lease_survives() {
         "{first:?}"
     );
     assert!(matches!(
-        events.recv().await.unwrap().event,
+        within(3_000, events.recv()).await.unwrap().event,
         Event::Renewed { .. }
     ));
     assert_eq!(lease.end(), None);
@@ -139,17 +139,20 @@ async fn a_stall_longer_than_the_budget_expires_the_lease_before_the_service_doe
     let watcher = {
         let lease = lease.clone();
         tokio::spawn(async move {
-            let end = lease.lost().await;
+            let end = within(3_000, lease.lost()).await;
             (end, tokio::time::Instant::now())
         })
     };
     let samples = sample_checks(&timeline, &lease, 1_000).await;
-    let (end, lost_at) = watcher.await.unwrap();
+    let (end, lost_at) = within(3_000, watcher).await.unwrap();
 
     assert_eq!(end, LeaseEnd::Lost(LossReason::Expired));
     // Deadline 854.1 ms; the driver's timer fires on the next millisecond tick.
     assert_eq!(lost_at, timeline.at(855));
-    assert!(lost_at < service_expiry, "gate closed before the service's expiry");
+    assert!(
+        lost_at < service_expiry,
+        "gate closed before the service's expiry"
+    );
     assert_eq!(first_refusal(&samples), Some(855));
     assert!(samples.iter().all(|&(at, ok)| ok == (at < 855)));
 
@@ -170,6 +173,38 @@ async fn a_stall_longer_than_the_budget_expires_the_lease_before_the_service_doe
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn no_retry_is_scheduled_past_the_safe_deadline() {
+    let timeline = Timeline::start();
+    let service = Recording::new();
+    let config = Config::builder(Duration::from_millis(900))
+        .retry_interval(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let lease = acquire(service.clone(), KEY, config).await.unwrap();
+    let mut events = lease.events();
+    service.partition(lease.owner());
+
+    let mut retries = Vec::new();
+    loop {
+        match within(3_000, events.recv()).await.unwrap().event {
+            Event::RenewFailed { retry_at, .. } => retries.push(retry_at.map(|at| at.as_millis())),
+            Event::Lost { reason } => {
+                assert_eq!(reason, LossReason::Expired);
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // Timeouts at 390, 580, 770; a retry at 770 + 100 = 870 would land past the
+    // deadline (854.1 ms), so none is scheduled: the lease waits for its deadline.
+    assert_eq!(retries, [Some(490), Some(680), None]);
+    assert_eq!(
+        service.sent_ms(&timeline, lease.token(), Kind::Renew),
+        [300, 490, 680]
+    );
+}
+
 // ----- rule 4: NOT_OWNER is definitive -----
 
 #[tokio::test(start_paused = true)]
@@ -181,11 +216,16 @@ async fn not_owner_loses_the_lease_on_that_very_answer() {
     timeline.until(100).await;
     // The service loses A's key (a failover, a clock jump there); B takes it.
     service.expire_now(KEY).unwrap();
-    let b = try_acquire(service.clone(), KEY, config(900)).await.unwrap();
+    let b = try_acquire(service.clone(), KEY, config(900))
+        .await
+        .unwrap();
     assert_eq!(b.fence(), Fence(2));
     let b_grant = service.grant(KEY).unwrap();
 
-    assert_eq!(a.lost().await, LeaseEnd::Lost(LossReason::NotOwner));
+    assert_eq!(
+        within(3_000, a.lost()).await,
+        LeaseEnd::Lost(LossReason::NotOwner)
+    );
     assert_eq!(timeline.now_ms(), 300, "lost on the first renewal's answer");
     assert_eq!(
         service.sent_ms(&timeline, a.token(), Kind::Renew),
@@ -209,7 +249,10 @@ async fn an_external_revocation_loses_the_lease_at_once() {
 
     timeline.until(100).await;
     service.revoke(KEY).unwrap();
-    assert_eq!(lease.lost().await, LeaseEnd::Lost(LossReason::Revoked));
+    assert_eq!(
+        within(3_000, lease.lost()).await,
+        LeaseEnd::Lost(LossReason::Revoked)
+    );
     assert_eq!(timeline.now_ms(), 100, "not at the next renewal");
     assert_eq!(
         lease.check(),
@@ -230,27 +273,35 @@ async fn a_release_that_hangs_stops_writes_at_once_and_still_ends_released() {
     timeline.until(100).await;
     service.stall(lease.owner());
 
-    let releasing = {
-        let lease = lease.clone();
-        tokio::spawn(async move { (lease.release().await, tokio::time::Instant::now()) })
-    };
+    let mut releasing = Box::pin(lease.release());
+    assert!(
+        poll_once(&mut releasing).is_none(),
+        "the release is in flight"
+    );
+    // Before the driver even ran: writes refused, lost() resolved.
+    assert_eq!(lease.check(), Err(CheckError::ReleaseRequested));
+    assert_eq!(within(0, lease.lost()).await, LeaseEnd::Released);
     tokio::task::yield_now().await;
-    // Same instant: writes already refused, lost() already resolved.
     assert_eq!(timeline.now_us(), 100_000);
-    assert!(lease.check().is_err());
-    assert_eq!(lease.lost().await, LeaseEnd::Released);
-    assert_eq!(timeline.now_us(), 100_000);
+    // The driver closed the gate at that same instant.
+    assert_eq!(lease.check(), Err(CheckError::Gate(GateError::Released)));
 
-    let (end, done_at) = releasing.await.unwrap();
-    assert_eq!(end, LeaseEnd::Released);
-    assert_eq!(done_at, timeline.at(190), "bounded by the 90 ms request timeout");
+    assert_eq!(within(1_000, releasing).await, LeaseEnd::Released);
+    assert_eq!(
+        timeline.now_ms(),
+        190,
+        "bounded by the 90 ms request timeout"
+    );
     assert_eq!(lease.state(), LeaseState::Released);
     assert_eq!(lease.check(), Err(CheckError::Gate(GateError::Released)));
     assert_eq!(
         service.sent_ms(&timeline, lease.token(), Kind::Release),
         [100]
     );
-    assert!(service.grant(KEY).is_some(), "the stalled release never arrived");
+    assert!(
+        service.grant(KEY).is_some(),
+        "the stalled release never arrived"
+    );
 }
 
 // ----- rule 7: fail-closed -----
@@ -306,13 +357,19 @@ async fn renewals_answered_after_their_timeout_never_extend_the_lease() {
     service.set_latency(lease.owner(), ms(120));
     let mut state = lease.subscribe();
 
-    assert_eq!(lease.lost().await, LeaseEnd::Lost(LossReason::Expired));
+    assert_eq!(
+        within(3_000, lease.lost()).await,
+        LeaseEnd::Lost(LossReason::Expired)
+    );
     assert_eq!(timeline.now_ms(), 855);
     // The service did extend it, from the last renewal it handled...
     assert!(service.stats().renewals >= 4);
     assert!(service.grant(KEY).unwrap().expires_at > timeline.at(1_500));
     // ...but the lease's deadline never moved: no confirmed renewal.
-    assert_eq!(*state.borrow_and_update(), LeaseState::Lost(LossReason::Expired));
+    assert_eq!(
+        *state.borrow_and_update(),
+        LeaseState::Lost(LossReason::Expired)
+    );
     assert_eq!(
         service.sent_ms(&timeline, lease.token(), Kind::Renew),
         [300, 435, 570, 705, 840]
@@ -348,7 +405,11 @@ async fn a_pause_inside_the_budget_is_survived_and_one_far_outside_is_fenced() {
     timeline.until(100).await;
     let fence = a.check().unwrap();
     tokio::time::advance(ms(150)).await;
-    assert_eq!(storage.admit(fence), Ok(()), "within budget: the write is fine");
+    assert_eq!(
+        storage.admit(fence),
+        Ok(()),
+        "within budget: the write is fine"
+    );
     assert_eq!(a.check(), Ok(fence), "and the lease survived");
 
     // The renewal due at 200 went out late, at 250: safe until 250 + 569.4 ms.
@@ -365,11 +426,14 @@ async fn a_pause_inside_the_budget_is_survived_and_one_far_outside_is_fenced() {
         ),
         "the lost flag refuses the next write"
     );
-    assert_eq!(a.lost().await, LeaseEnd::Lost(LossReason::Expired));
+    assert_eq!(
+        within(3_000, a.lost()).await,
+        LeaseEnd::Lost(LossReason::Expired)
+    );
 
     // B takes over with a newer fence and writes; A's write, already past its
     // check, arrives after: storage refuses it.
-    let b = b.await.unwrap();
+    let b = within(3_000, b).await.unwrap();
     assert_eq!(b.fence(), Fence(2));
     assert_eq!(storage.admit(b.check().unwrap()), Ok(()));
     assert_eq!(

@@ -61,9 +61,8 @@ impl Table {
         now: Instant,
     ) -> AcquireOutcome {
         let key = self.key(key);
-        let ttl_granted = leasehold::Duration::from_micros(
-            u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX),
-        );
+        let ttl_granted =
+            leasehold::Duration::from_micros(u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX));
         match key.live(now) {
             // The same token again: an earlier attempt was granted but its answer got
             // lost. Grant again with the same fence.

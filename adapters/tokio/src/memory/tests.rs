@@ -54,13 +54,22 @@ async fn renew_and_release_compare_the_owner_token_including_the_term() {
     assert_eq!(s.acquire("k", token(1), TTL).await, granted(1));
     let same_owner_old_term = Owner([1; 16]).token(Term(0));
     for other in [token(2), same_owner_old_term] {
-        assert_eq!(s.acquire("k", other, TTL).await, AcquireOutcome::HeldByAnother);
+        assert_eq!(
+            s.acquire("k", other, TTL).await,
+            AcquireOutcome::HeldByAnother
+        );
         assert_eq!(s.renew("k", other, TTL).await, RenewOutcome::NotOwner);
         assert_eq!(s.release("k", other).await, ReleaseOutcome::NotOwner);
     }
     assert_eq!(s.grant("k").unwrap().token, token(1));
-    assert_eq!(s.renew("k", token(1), TTL).await, RenewOutcome::Renewed { ttl: TTL });
-    assert_eq!(s.renew("missing", token(1), TTL).await, RenewOutcome::NotOwner);
+    assert_eq!(
+        s.renew("k", token(1), TTL).await,
+        RenewOutcome::Renewed { ttl: TTL }
+    );
+    assert_eq!(
+        s.renew("missing", token(1), TTL).await,
+        RenewOutcome::NotOwner
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -81,9 +90,15 @@ async fn the_ttl_is_hard_counted_from_when_the_service_acted() {
     let s = MemoryService::new();
     let start = Instant::now();
     assert_eq!(s.acquire("k", token(1), TTL).await, granted(1));
-    assert_eq!(s.grant("k").unwrap().expires_at, start + StdDuration::from_millis(900));
+    assert_eq!(
+        s.grant("k").unwrap().expires_at,
+        start + StdDuration::from_millis(900)
+    );
     tokio::time::advance(StdDuration::from_micros(899_999)).await;
-    assert_eq!(s.acquire("k", token(2), TTL).await, AcquireOutcome::HeldByAnother);
+    assert_eq!(
+        s.acquire("k", token(2), TTL).await,
+        AcquireOutcome::HeldByAnother
+    );
     tokio::time::advance(StdDuration::from_micros(1)).await;
     assert_eq!(s.grant("k"), None);
     assert_eq!(s.renew("k", token(1), TTL).await, RenewOutcome::NotOwner);
@@ -165,7 +180,10 @@ async fn client_faults_add_to_global_ones() {
     assert_eq!(Instant::now(), start + StdDuration::from_millis(40));
     s.clear_faults();
     assert_eq!(s.faults(Owner([1; 16])), super::Faults::NONE);
-    assert!(now_or_never(s.acquire("c", token(1), TTL)).is_some(), "answered at once");
+    assert!(
+        now_or_never(s.acquire("c", token(1), TTL)).is_some(),
+        "answered at once"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -176,7 +194,10 @@ async fn revoke_notifies_the_holder_and_expire_now_does_not() {
     assert!(now_or_never(watching.as_mut()).is_none());
 
     s.expire_now("k").unwrap();
-    assert!(now_or_never(watching.as_mut()).is_none(), "an expiry is not announced");
+    assert!(
+        now_or_never(watching.as_mut()).is_none(),
+        "an expiry is not announced"
+    );
 
     assert_eq!(s.acquire("k", token(1), TTL).await, granted(2));
     let mut second = std::pin::pin!(s.revoked("k", token(1), Fence(2)));

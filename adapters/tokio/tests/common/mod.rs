@@ -188,3 +188,25 @@ impl LockService for Recording {
         LockService::revoked(&self.service, key, token, fence)
     }
 }
+
+/// Awaits `future`, failing the test if it takes more than `limit_ms` of (virtual)
+/// time: a broken rule must fail a test, not hang it.
+#[track_caller]
+pub fn within<F: Future>(limit_ms: u64, future: F) -> impl Future<Output = F::Output> {
+    let caller = std::panic::Location::caller();
+    async move {
+        match tokio::time::timeout(ms(limit_ms), future).await {
+            Ok(output) => output,
+            Err(_) => panic!("{caller}: not done within {limit_ms} ms"),
+        }
+    }
+}
+
+/// Polls `future` once, without a runtime's help: `Some` if it completed.
+pub fn poll_once<F: Future + Unpin>(future: &mut F) -> Option<F::Output> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::pin::Pin::new(future).poll(&mut cx) {
+        std::task::Poll::Ready(output) => Some(output),
+        std::task::Poll::Pending => None,
+    }
+}
