@@ -8,7 +8,7 @@
 //!
 //! Faults ([`Faults`]) make it behave like a service across a bad network: added
 //! latency, lost requests, lost answers, stalls, partitions — for every client or for
-//! one [`Owner`]. An operator's actions are there too: [`revoke`](MemoryService::revoke)
+//! one [`Owner`](leasehold::Owner). An operator's actions are there too: [`revoke`](MemoryService::revoke)
 //! deletes a key from outside (holders are notified through
 //! [`revoked`](leasehold_driver::LockService::revoked)), and
 //! [`expire_now`](MemoryService::expire_now) ends a grant as if its TTL ran out.
