@@ -66,10 +66,11 @@ fn main() {
         (true, true, true) => (vec![1_000, 10_000, 100_000], StdDuration::from_secs(3)),
     };
     println!(
-        "many_leases: ttl {} ms, renew every {} ms, 2 worker threads, {} cores",
+        "many_leases: ttl {} ms, renew every {} ms, 2 worker threads, {} cores, load average {}",
         ttl.as_millis(),
         ttl.as_millis() / 3,
-        std::thread::available_parallelism().map_or(0, |n| n.get())
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        load_average()
     );
     println!("| leases | renew lateness p50 / p99 / max | CPU per renewal | heap per lease | RSS per lease | NotOwner → lost() p50 / p99 | deadline → lost() p50 / p99 |");
     println!("|---:|---|---:|---:|---:|---|---|");
@@ -362,6 +363,14 @@ fn cpu_time() -> StdDuration {
     let usage = getrusage(UsageWho::RUSAGE_SELF).expect("getrusage");
     let micros = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
     StdDuration::from_micros(micros(usage.user_time()) + micros(usage.system_time()))
+}
+
+/// The 1-minute load average: other work on the machine shows in the latencies.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|avg| avg.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
 }
 
 /// Resident set size, from /proc (0 where there is none).
