@@ -14,6 +14,7 @@ declare -A packages=(
     [etcd]=etcd-server
     [protoc]=protobuf-compiler
     [arm-none-eabi-size]=binutils-arm-none-eabi
+    [qemu-system-arm]=qemu-system-arm
 )
 missing=()
 for cmd in "${!packages[@]}"; do

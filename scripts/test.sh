@@ -26,5 +26,6 @@ stage clippy cargo clippy --workspace --all-targets --locked -- -D warnings
 stage tests cargo test --workspace --locked
 stage loom bash scripts/loom.sh
 stage no_std bash scripts/no-std.sh
+stage embassy bash scripts/embassy.sh
 stage docs env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 echo "::: all checks passed in ${SECONDS} s"

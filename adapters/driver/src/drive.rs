@@ -6,6 +6,7 @@ use core::future::{poll_fn, Future};
 use core::pin::{pin, Pin};
 use core::task::{Context, Poll};
 
+use futures_util::future::{Either, FutureExt};
 use leasehold::{
     AcquireOutcome, Action, AlreadyActive, Event, Fence, Lease, LossReason, Owner, ReleaseOutcome,
     RenewOutcome, RequestId, State, WriteGate,
@@ -45,11 +46,16 @@ impl<S> Clone for Target<'_, S> {
 }
 impl<S> Copy for Target<'_, S> {}
 
+/// The answer to the request in flight, whatever its kind.
+enum Answer {
+    Acquire(AcquireOutcome),
+    Renew(RenewOutcome),
+    Release(ReleaseOutcome),
+}
+
 /// What woke the loop.
 enum Wake {
-    Acquired(RequestId, AcquireOutcome),
-    Renewed(RequestId, RenewOutcome),
-    ReleaseAnswered(RequestId, ReleaseOutcome),
+    Answered(RequestId, Answer),
     Revoked(Fence),
     ReleaseRequested,
     Timer,
@@ -90,55 +96,54 @@ where
     lease.acquire(clock.now(), gate)?;
 
     let mut release = pin!(Some(release));
-    let mut acquiring = pin!(None);
-    let mut renewing = pin!(None);
-    let mut releasing = pin!(None);
+    // The lease has at most one request in flight (a new one supersedes the old), so
+    // one slot holds it, whatever its kind: a driver runs per lease, and its size is
+    // most of a lease's memory.
+    let mut request = pin!(None);
+    let mut request_id = None;
     let mut watching = pin!(None);
-    let (mut acquire_id, mut renew_id, mut release_id) = (None, None, None);
     let mut watched = None;
 
     loop {
         while let Some(action) = lease.poll_action() {
-            match action {
-                Action::Acquire { id, term, ttl } => {
-                    acquiring.set(Some(service.acquire(key, owner.token(term), ttl)));
-                    acquire_id = Some(id);
-                }
-                Action::Renew { id, term, ttl } => {
-                    renewing.set(Some(service.renew(key, owner.token(term), ttl)));
-                    renew_id = Some(id);
-                }
-                Action::Release { id, term } => {
-                    releasing.set(Some(service.release(key, owner.token(term))));
-                    release_id = Some(id);
-                }
-            }
+            let io = match action {
+                Action::Acquire { term, ttl, .. } => Either::Left(
+                    service
+                        .acquire(key, owner.token(term), ttl)
+                        .map(Answer::Acquire),
+                ),
+                Action::Renew { term, ttl, .. } => Either::Right(Either::Left(
+                    service
+                        .renew(key, owner.token(term), ttl)
+                        .map(Answer::Renew),
+                )),
+                Action::Release { term, .. } => Either::Right(Either::Right(
+                    service.release(key, owner.token(term)).map(Answer::Release),
+                )),
+            };
+            request.set(Some(io));
+            request_id = Some(action.id());
         }
         while let Some(event) = lease.poll_event() {
             on_event(event);
         }
 
-        // Drop the I/O of requests the lease no longer waits for.
-        drop_unless_awaited(lease, &mut acquire_id, acquiring.as_mut());
-        drop_unless_awaited(lease, &mut renew_id, renewing.as_mut());
-        drop_unless_awaited(lease, &mut release_id, releasing.as_mut());
+        // Drop the I/O of a request the lease no longer waits for.
+        if request_id.is_some_and(|id| !lease.is_awaiting(id)) {
+            request_id = None;
+            request.set(None);
+        }
 
         // Watch for revocation of exactly the grant we hold.
         let held = lease.fence();
         if held != watched {
-            watching.set(held.map(|fence| {
-                let term = lease.term();
-                async move {
-                    service.revoked(key, owner.token(term), fence).await;
-                    fence
-                }
-            }));
+            watching.set(held.map(|fence| service.revoked(key, owner.token(lease.term()), fence)));
             watched = held;
         }
 
         match lease.state() {
-            State::Lost(reason) if release_id.is_none() => return Ok(TermEnd::Lost(reason)),
-            State::Released if release_id.is_none() => return Ok(TermEnd::Released),
+            State::Lost(reason) if request_id.is_none() => return Ok(TermEnd::Lost(reason)),
+            State::Released if request_id.is_none() => return Ok(TermEnd::Released),
             _ => {}
         }
 
@@ -148,19 +153,13 @@ where
             if let Some(()) = poll_slot(&mut release, cx) {
                 return Poll::Ready(Wake::ReleaseRequested);
             }
-            if let Some(answer) = poll_slot(&mut acquiring, cx) {
-                return Poll::Ready(id_or_timer(acquire_id, |id| Wake::Acquired(id, answer)));
+            if let Some(answer) = poll_slot(&mut request, cx) {
+                return Poll::Ready(
+                    request_id.map_or(Wake::Timer, |id| Wake::Answered(id, answer)),
+                );
             }
-            if let Some(answer) = poll_slot(&mut renewing, cx) {
-                return Poll::Ready(id_or_timer(renew_id, |id| Wake::Renewed(id, answer)));
-            }
-            if let Some(answer) = poll_slot(&mut releasing, cx) {
-                return Poll::Ready(id_or_timer(release_id, |id| {
-                    Wake::ReleaseAnswered(id, answer)
-                }));
-            }
-            if let Some(fence) = poll_slot(&mut watching, cx) {
-                return Poll::Ready(Wake::Revoked(fence));
+            if let Some(()) = poll_slot(&mut watching, cx) {
+                return Poll::Ready(watched.map_or(Wake::Timer, Wake::Revoked));
             }
             if let Some(()) = poll_slot(&mut sleep, cx) {
                 return Poll::Ready(Wake::Timer);
@@ -173,17 +172,13 @@ where
         // Refusals (a stale answer, a release with no term left) change nothing; the
         // lease counts stale answers in its stats.
         match wake {
-            Wake::Acquired(id, answer) => {
-                acquire_id = None;
-                let _ = lease.handle_acquire_response(now, id, answer, gate);
-            }
-            Wake::Renewed(id, answer) => {
-                renew_id = None;
-                let _ = lease.handle_renew_response(now, id, answer, gate);
-            }
-            Wake::ReleaseAnswered(id, answer) => {
-                release_id = None;
-                let _ = lease.handle_release_response(now, id, answer, gate);
+            Wake::Answered(id, answer) => {
+                request_id = None;
+                let _ = match answer {
+                    Answer::Acquire(answer) => lease.handle_acquire_response(now, id, answer, gate),
+                    Answer::Renew(answer) => lease.handle_renew_response(now, id, answer, gate),
+                    Answer::Release(answer) => lease.handle_release_response(now, id, answer, gate),
+                };
             }
             Wake::Revoked(fence) => {
                 let _ = lease.handle_revoked(now, fence, gate);
@@ -206,20 +201,5 @@ fn poll_slot<F: Future>(slot: &mut Pin<&mut Option<F>>, cx: &mut Context<'_>) ->
             Some(output)
         }
         Poll::Pending => None,
-    }
-}
-
-fn id_or_timer(id: Option<RequestId>, wake: impl FnOnce(RequestId) -> Wake) -> Wake {
-    id.map_or(Wake::Timer, wake)
-}
-
-fn drop_unless_awaited<F>(
-    lease: &Lease,
-    id: &mut Option<RequestId>,
-    mut slot: Pin<&mut Option<F>>,
-) {
-    if id.is_some_and(|id| !lease.is_awaiting(id)) {
-        *id = None;
-        slot.set(None);
     }
 }

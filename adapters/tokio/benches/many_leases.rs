@@ -1,0 +1,382 @@
+//! Many concurrent leases in one process, on the in-memory service, in real time.
+//!
+//! ```text
+//! cargo bench -p leasehold-tokio --bench many_leases                 # 1k, 10k, 100k
+//! cargo bench -p leasehold-tokio --bench many_leases -- 1000         # just 1k
+//! LEASEHOLD_BENCH_LEASES=1000,10000 cargo bench -p leasehold-tokio --bench many_leases
+//! ```
+//!
+//! For each N it reports:
+//!
+//! * **renew lateness** — how long after its T/3 schedule (previous send + renew
+//!   interval) each renewal was actually sent, p50/p99/max, measured over 3 renew
+//!   periods on a 2-worker multi-thread runtime;
+//! * **CPU per renewal** — process user+system time (getrusage) over those periods,
+//!   divided by the renewals sent; it includes everything: timers, the service, tokio;
+//! * **memory per lease** — live heap bytes (a counting allocator) and RSS growth
+//!   after N leases are acquired, divided by N: handle, shared state, driver task and
+//!   its futures, the service's entry and both copies of the key;
+//! * **loss-to-flip** — for up to 1,000 leases: from the service deciding `NotOwner`
+//!   to `lost()` resolving (the gate flips before that), and from the safe deadline
+//!   passing (a partitioned client) to `lost()` resolving. `check()` itself refuses at
+//!   the deadline by construction: the gate holds the deadline.
+//!
+//! Leases start spread evenly over one renew interval, as leases in a real service
+//! would be; all starting in the same millisecond would measure a thundering herd.
+//! Run without `--bench` (as `cargo test --benches` does) it is a 100-lease smoke run.
+
+use std::alloc::System;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration as StdDuration;
+
+use leasehold::{
+    AcquireOutcome, Config, Duration, Fence, OwnerToken, ReleaseOutcome, RenewOutcome,
+};
+use leasehold_driver::LockService;
+use leasehold_tokio::memory::MemoryService;
+use leasehold_tokio::{acquire, LeaseEnd, LeaseHandle};
+use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
+use tokio::time::Instant;
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+/// How long the steady state is measured, in renew intervals.
+const MEASURED_PERIODS: u32 = 3;
+/// How many leases the loss measurements use at most (each kind).
+const LOSS_SAMPLE: usize = 1_000;
+
+fn main() {
+    let bench = std::env::args().any(|arg| arg == "--bench");
+    let from_args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|arg| arg.replace('_', "").parse().ok())
+        .collect();
+    let from_env: Vec<usize> = std::env::var("LEASEHOLD_BENCH_LEASES")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|n| n.trim().replace('_', "").parse().ok())
+        .collect();
+    let (sizes, ttl) = match (bench, from_args.is_empty(), from_env.is_empty()) {
+        (false, true, true) => (vec![100], StdDuration::from_millis(300)), // smoke run
+        (_, false, _) => (from_args, StdDuration::from_secs(3)),
+        (_, true, false) => (from_env, StdDuration::from_secs(3)),
+        (true, true, true) => (vec![1_000, 10_000, 100_000], StdDuration::from_secs(3)),
+    };
+    println!(
+        "many_leases: ttl {} ms, renew every {} ms, 2 worker threads, {} cores, load average {}",
+        ttl.as_millis(),
+        ttl.as_millis() / 3,
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        load_average()
+    );
+    println!("| leases | renew lateness p50 / p99 / max | CPU per renewal | heap per lease | RSS per lease | NotOwner → lost() p50 / p99 | deadline → lost() p50 / p99 |");
+    println!("|---:|---|---:|---:|---:|---|---|");
+    for n in sizes {
+        let report = run(n, ttl);
+        println!("{report}");
+    }
+}
+
+/// The in-memory service, timestamping what the bench needs.
+struct Probe {
+    service: MemoryService,
+    origin: Instant,
+    renew_interval_us: u64,
+    /// Per lease: when its last acquire or renew was sent (µs since `origin`).
+    last_send: Vec<AtomicU64>,
+    /// Per lease: the bench expired it at the service; its next renewal is refused.
+    doomed: Vec<AtomicBool>,
+    /// Per lease: when the service refused it (µs since `origin`).
+    refused_at: Vec<AtomicU64>,
+    recording: AtomicBool,
+    lateness_us: Mutex<Vec<u32>>,
+}
+
+impl Probe {
+    fn now_us(&self) -> u64 {
+        self.origin.elapsed().as_micros() as u64
+    }
+
+    fn index(key: &str) -> usize {
+        key.strip_prefix("lease-")
+            .and_then(|i| i.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl LockService for Probe {
+    fn acquire(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        ttl: Duration,
+    ) -> impl Future<Output = AcquireOutcome> + Send {
+        self.last_send[Probe::index(key)].store(self.now_us(), Ordering::Relaxed);
+        self.service.acquire(key, token, ttl)
+    }
+
+    fn renew(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        ttl: Duration,
+    ) -> impl Future<Output = RenewOutcome> + Send {
+        let i = Probe::index(key);
+        let now = self.now_us();
+        let previous = self.last_send[i].swap(now, Ordering::Relaxed);
+        if self.recording.load(Ordering::Relaxed) {
+            let late = now.saturating_sub(previous + self.renew_interval_us);
+            self.lateness_us
+                .lock()
+                .unwrap()
+                .push(u32::try_from(late).unwrap_or(u32::MAX));
+        }
+        if self.doomed[i].load(Ordering::Relaxed) {
+            // The service decides when it handles the request: on the first poll,
+            // right after this call, in the same driver step.
+            self.refused_at[i].store(now, Ordering::Relaxed);
+        }
+        self.service.renew(key, token, ttl)
+    }
+
+    fn release(&self, key: &str, token: OwnerToken) -> impl Future<Output = ReleaseOutcome> + Send {
+        self.service.release(key, token)
+    }
+
+    fn revoked(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        fence: Fence,
+    ) -> impl Future<Output = ()> + Send {
+        self.service.revoked(key, token, fence)
+    }
+}
+
+struct Report {
+    n: usize,
+    lateness: Percentiles,
+    cpu_per_renewal_us: f64,
+    heap_per_lease: f64,
+    rss_per_lease: f64,
+    not_owner: Percentiles,
+    deadline: Percentiles,
+    refused_after_loss: usize,
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "| {} | {} | {:.1} µs | {:.0} B | {:.0} B | {} | {} |",
+            self.n,
+            self.lateness.full(),
+            self.cpu_per_renewal_us,
+            self.heap_per_lease,
+            self.rss_per_lease,
+            self.not_owner.short(),
+            self.deadline.short(),
+        )?;
+        if self.refused_after_loss > 0 {
+            write!(
+                f,
+                " ({} checks passed after a loss!)",
+                self.refused_after_loss
+            )?;
+        }
+        Ok(())
+    }
+}
+
+fn run(n: usize, ttl: StdDuration) -> Report {
+    let config = Config::builder(Duration::from_micros(ttl.as_micros() as u64))
+        .build()
+        .unwrap();
+    let renew = StdDuration::from_micros(config.renew_interval().as_micros());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        // Everything the bench itself needs is allocated before the baseline.
+        let probe = Arc::new(Probe {
+            service: MemoryService::new(),
+            origin: Instant::now(),
+            renew_interval_us: renew.as_micros() as u64,
+            last_send: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            doomed: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            refused_at: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            recording: AtomicBool::new(false),
+            lateness_us: Mutex::new(Vec::with_capacity(n * (MEASURED_PERIODS as usize + 2))),
+        });
+        let mut handles: Vec<LeaseHandle> = Vec::with_capacity(n);
+        let keys: Vec<String> = (0..n).map(|i| format!("lease-{i}")).collect();
+        let rss_before = rss_bytes();
+        let heap = Region::new(GLOBAL);
+
+        // Start N leases spread evenly over one renew interval.
+        let start = Instant::now();
+        for (i, key) in keys.iter().enumerate() {
+            let at = start + renew.mul_f64(i as f64 / n as f64);
+            if at > Instant::now() + StdDuration::from_millis(1) {
+                tokio::time::sleep_until(at).await;
+            }
+            handles.push(acquire(probe.clone(), key, config).await.unwrap());
+        }
+        let heap_change = heap.change();
+        let live = heap_change.bytes_allocated as f64 - heap_change.bytes_deallocated as f64
+            + heap_change.bytes_reallocated as f64;
+        let heap_per_lease = live / n as f64;
+        let rss_per_lease = rss_bytes().saturating_sub(rss_before) as f64 / n as f64;
+
+        // Steady state: one period to settle, then measure.
+        tokio::time::sleep(renew).await;
+        let cpu_before = cpu_time();
+        probe.recording.store(true, Ordering::Relaxed);
+        tokio::time::sleep(renew * MEASURED_PERIODS).await;
+        probe.recording.store(false, Ordering::Relaxed);
+        let cpu = cpu_time() - cpu_before;
+        let lateness: Vec<u32> = std::mem::take(&mut *probe.lateness_us.lock().unwrap());
+        let cpu_per_renewal_us = cpu.as_secs_f64() * 1e6 / lateness.len().max(1) as f64;
+        let lateness = Percentiles::of(lateness);
+
+        // NotOwner: expire a sample at the service; each is refused at its next renewal.
+        let sample = LOSS_SAMPLE.min(n / 2).max(1);
+        let refused_after_loss = Arc::new(AtomicU64::new(0));
+        let mut waiters = Vec::new();
+        for i in (0..sample).map(|k| k * n / sample) {
+            probe.doomed[i].store(true, Ordering::Relaxed);
+            let (lease, shared_probe, bad) = (
+                handles[i].clone(),
+                probe.clone(),
+                refused_after_loss.clone(),
+            );
+            waiters.push(tokio::spawn(async move {
+                let end = lease.lost().await;
+                let flipped = shared_probe.now_us();
+                if lease.check().is_ok() {
+                    bad.fetch_add(1, Ordering::Relaxed);
+                }
+                assert_eq!(end, LeaseEnd::Lost(leasehold::LossReason::NotOwner));
+                flipped.saturating_sub(shared_probe.refused_at[i].load(Ordering::Relaxed))
+            }));
+            probe.service.expire_now(&keys[i]);
+        }
+        let mut not_owner = Vec::new();
+        for waiter in waiters {
+            not_owner.push(waiter.await.unwrap() as u32);
+        }
+
+        // Expired: partition another sample; each loses at its safe deadline.
+        let mut waiters = Vec::new();
+        let partitioned: Vec<usize> = (0..sample)
+            .map(|k| k * n / sample + 1)
+            .filter(|i| *i < n)
+            .collect();
+        for &i in &partitioned {
+            probe.service.partition(handles[i].owner());
+        }
+        // Let any renewal already in flight land before reading the deadlines.
+        tokio::time::sleep(StdDuration::from_millis(10)).await;
+        for &i in &partitioned {
+            let lease = handles[i].clone();
+            let deadline = lease.clock().to_tokio(lease.deadline().unwrap());
+            let bad = refused_after_loss.clone();
+            waiters.push(tokio::spawn(async move {
+                let end = lease.lost().await;
+                let flipped = Instant::now();
+                if lease.check().is_ok() {
+                    bad.fetch_add(1, Ordering::Relaxed);
+                }
+                assert_eq!(end, LeaseEnd::Lost(leasehold::LossReason::Expired));
+                flipped.saturating_duration_since(deadline).as_micros() as u32
+            }));
+        }
+        let mut deadline = Vec::new();
+        for waiter in waiters {
+            deadline.push(waiter.await.unwrap());
+        }
+
+        drop(handles);
+        Report {
+            n,
+            lateness,
+            cpu_per_renewal_us,
+            heap_per_lease,
+            rss_per_lease,
+            not_owner: Percentiles::of(not_owner),
+            deadline: Percentiles::of(deadline),
+            refused_after_loss: refused_after_loss.load(Ordering::Relaxed) as usize,
+        }
+    })
+}
+
+/// Percentiles of microsecond samples.
+struct Percentiles {
+    p50: u32,
+    p99: u32,
+    max: u32,
+    count: usize,
+}
+
+impl Percentiles {
+    fn of(mut samples: Vec<u32>) -> Percentiles {
+        samples.sort_unstable();
+        let at = |q: f64| {
+            let index = ((samples.len() as f64 - 1.0) * q).round() as usize;
+            samples.get(index).copied().unwrap_or(0)
+        };
+        Percentiles {
+            p50: at(0.50),
+            p99: at(0.99),
+            max: samples.last().copied().unwrap_or(0),
+            count: samples.len(),
+        }
+    }
+
+    fn full(&self) -> String {
+        format!(
+            "{} / {} / {} (n={})",
+            ms(self.p50),
+            ms(self.p99),
+            ms(self.max),
+            self.count
+        )
+    }
+
+    fn short(&self) -> String {
+        format!("{} / {}", ms(self.p50), ms(self.p99))
+    }
+}
+
+fn ms(us: u32) -> String {
+    format!("{:.2} ms", f64::from(us) / 1_000.0)
+}
+
+/// User + system CPU time of the whole process.
+fn cpu_time() -> StdDuration {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let usage = getrusage(UsageWho::RUSAGE_SELF).expect("getrusage");
+    let micros = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
+    StdDuration::from_micros(micros(usage.user_time()) + micros(usage.system_time()))
+}
+
+/// The 1-minute load average: other work on the machine shows in the latencies.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|avg| avg.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// Resident set size, from /proc (0 where there is none).
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4_096)
+}

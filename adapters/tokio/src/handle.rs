@@ -1,0 +1,232 @@
+//! [`LeaseHandle`]: what workers hold while they write under a lease.
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use leasehold::{Config, Fence, GateError, Instant, Owner, OwnerToken, Term};
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::shared::{Shared, StopCause};
+use crate::{trace, LeaseClock, LeaseEnd, LeaseState, TimedEvent};
+
+/// A held lease: check it before every write, and present its fence with the write.
+///
+/// `Send + Sync + Clone`: give a clone to every worker. The lease is renewed by a
+/// background task until it is lost, [released](Self::release), or the **last handle is
+/// dropped** — which stops writes at once (no handle is left to pass `check()`) and
+/// releases the key in the background, best effort, bounded by the request timeout.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// use std::sync::Arc;
+/// use leasehold::{Config, Duration};
+/// use leasehold_tokio::{acquire, memory::MemoryService};
+///
+/// let service = Arc::new(MemoryService::new());
+/// let config = Config::builder(Duration::from_secs(3)).build().unwrap();
+/// let lease = acquire(service, "orders", config).await.unwrap();
+///
+/// // Before each write:
+/// let fence = lease.check().unwrap();
+/// // storage.write(fence, ...): storage rejects fences older than the newest it saw.
+/// assert_eq!(fence, lease.fence());
+/// # }
+/// ```
+pub struct LeaseHandle {
+    shared: Arc<Shared>,
+}
+
+/// Why [`LeaseHandle::check`] refused a write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CheckError {
+    /// The write gate refused: lost (with the reason), safe deadline passed, paused
+    /// (fail-closed, renewal outcome unknown), released, or busy (retry).
+    Gate(GateError),
+    /// A release was requested; the driver is closing the gate and releasing the key.
+    ReleaseRequested,
+    /// The driver task is gone (runtime shut down or it panicked); nothing renews
+    /// the lease.
+    DriverStopped,
+}
+
+impl CheckError {
+    /// Whether a later `check()` may pass again in this term: only a fail-closed pause
+    /// (lifted by a confirmed renewal) and a torn read are temporary.
+    pub const fn is_temporary(&self) -> bool {
+        matches!(self, CheckError::Gate(GateError::Paused | GateError::Busy))
+    }
+}
+
+impl fmt::Display for CheckError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CheckError::Gate(err) => fmt::Display::fmt(err, f),
+            CheckError::ReleaseRequested => f.write_str("the lease is being released"),
+            CheckError::DriverStopped => f.write_str("the lease driver stopped"),
+        }
+    }
+}
+
+impl std::error::Error for CheckError {}
+
+impl LeaseHandle {
+    /// Wraps the first handle; the acquire future hands it out once granted.
+    pub(crate) fn new(shared: Arc<Shared>) -> LeaseHandle {
+        shared.handles.fetch_add(1, Ordering::Relaxed);
+        LeaseHandle { shared }
+    }
+
+    /// The fence to write with, if writes may happen *now*; otherwise why not.
+    ///
+    /// Reads the write gate with the lease's own clock, so it refuses once the safe
+    /// deadline has passed even if the driver task has not run since (a worker waking
+    /// from a long pause). Cheap (a few atomic loads and a clock read): call it right
+    /// before every write, and send the fence with the write so storage can reject it
+    /// if this task pauses between the check and the write.
+    pub fn check(&self) -> Result<Fence, CheckError> {
+        let fence = self
+            .shared
+            .gate
+            .check(self.shared.clock.now())
+            .map_err(CheckError::Gate)?;
+        match self.shared.stop_cause() {
+            None => Ok(fence),
+            Some(StopCause::Release) => Err(CheckError::ReleaseRequested),
+            Some(StopCause::DriverGone) => Err(CheckError::DriverStopped),
+        }
+    }
+
+    /// The fence of this lease's grant (constant for its life). Use [`check`](Self::check)
+    /// to learn whether it may still be used.
+    pub fn fence(&self) -> Fence {
+        self.shared.granted().map_or(Fence(0), |(fence, _)| fence)
+    }
+
+    /// The key.
+    pub fn key(&self) -> &str {
+        &self.shared.key
+    }
+
+    /// The owner presented to the service.
+    pub fn owner(&self) -> Owner {
+        self.shared.owner
+    }
+
+    /// What the service stores as the holder: owner plus term.
+    pub fn token(&self) -> OwnerToken {
+        let term = self.shared.granted().map_or(Term(1), |(_, term)| term);
+        self.shared.owner.token(term)
+    }
+
+    /// The lease's clock: `check()` and every instant in [`LeaseState`] and events
+    /// are on it.
+    pub fn clock(&self) -> LeaseClock {
+        self.shared.clock
+    }
+
+    /// The configuration the lease runs with.
+    pub fn config(&self) -> Config {
+        self.shared.config
+    }
+
+    /// Where the lease is now.
+    pub fn state(&self) -> LeaseState {
+        self.shared.state()
+    }
+
+    /// The safe deadline while held, on the lease's clock.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.shared.state().deadline()
+    }
+
+    /// How the term ended, once writes stopped for good.
+    pub fn end(&self) -> Option<LeaseEnd> {
+        self.shared.end()
+    }
+
+    /// Completes once writes must stop for good, saying why:
+    ///
+    /// * [`LeaseEnd::Lost`] — at the moment the driver closed the gate for a loss
+    ///   (expired, not owner, revoked, shortened);
+    /// * [`LeaseEnd::Released`] — at the moment a release was requested (by
+    ///   [`release`](Self::release) or by dropping the last handle): the gate is
+    ///   closing, the release request may still be in flight;
+    /// * [`LeaseEnd::DriverStopped`] — the driver task is gone (runtime shutdown, panic).
+    ///
+    /// The first of these wins and never changes. A paused (fail-closed) lease is not
+    /// ended. Completes at once if the term already ended. This future holds a handle,
+    /// so it keeps the lease alive; to watch without holding, use
+    /// [`cancellation_token`](Self::cancellation_token) or [`subscribe`](Self::subscribe).
+    pub async fn lost(&self) -> LeaseEnd {
+        self.shared.wait_for(Shared::end).await
+    }
+
+    /// A token cancelled at the same moment [`lost`](Self::lost) completes. Hand it to
+    /// work that must stop with the lease (`tokio::select!` on `cancelled()`); it does
+    /// not keep the lease alive.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.shared.cancellation_token()
+    }
+
+    /// The lease's state, updated by the driver after every step (latest value only).
+    /// Does not keep the lease alive.
+    pub fn subscribe(&self) -> watch::Receiver<LeaseState> {
+        self.shared.subscribe()
+    }
+
+    /// Every [`leasehold::Event`] from now on, with when it happened. A receiver that
+    /// falls more than 32 events behind skips the oldest (see
+    /// [`broadcast`](tokio::sync::broadcast)). Does not keep the lease alive.
+    pub fn events(&self) -> broadcast::Receiver<TimedEvent> {
+        self.shared.events()
+    }
+
+    /// Ends the lease for every handle: writes stop at once, then the key is deleted at
+    /// the service (compare-and-delete), best effort.
+    ///
+    /// Completes when the driver task is done: the release answered or timed out
+    /// (after at most the request timeout), or at once if the term already ended.
+    /// Returns how the term ended — [`LeaseEnd::Released`], or the loss that came
+    /// first. Writes never wait on this: they stopped when it was called.
+    pub async fn release(&self) -> LeaseEnd {
+        self.shared.request_release(trace::ReleaseWhy::Requested);
+        self.shared
+            .wait_for(|shared| shared.finished().then(|| shared.end()).flatten())
+            .await
+    }
+}
+
+impl Clone for LeaseHandle {
+    fn clone(&self) -> Self {
+        self.shared.handles.fetch_add(1, Ordering::Relaxed);
+        LeaseHandle {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// The last handle releases the lease in the background: writes stop at once (no
+/// handle is left to pass `check()`, and the stop flag is raised before anything
+/// else), the driver closes the gate and sends a best-effort release.
+impl Drop for LeaseHandle {
+    fn drop(&mut self) {
+        if self.shared.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.shared
+                .request_release(trace::ReleaseWhy::LastHandleDropped);
+        }
+    }
+}
+
+impl fmt::Debug for LeaseHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseHandle")
+            .field("key", &self.key())
+            .field("token", &self.token())
+            .field("state", &self.state())
+            .finish()
+    }
+}

@@ -1,0 +1,256 @@
+//! [`MemoryService`]: an in-process lock service with a hard TTL and fault injection.
+//!
+//! It is the embedded default: the examples and a newcomer's first run use it, with no
+//! server to start. It keeps the contract every backend keeps (see
+//! [`LocalLockService`](leasehold_driver::LocalLockService)): a hard TTL on tokio's clock
+//! (so tokio's paused time drives it too), a fence counter per key that only grows,
+//! owner-token compare on renew and release, and idempotent re-acquire by the same token.
+//!
+//! Faults ([`Faults`]) make it behave like a service across a bad network: added
+//! latency, lost requests, lost answers, stalls, partitions — for every client or for
+//! one [`Owner`](leasehold::Owner). An operator's actions are there too: [`revoke`](MemoryService::revoke)
+//! deletes a key from outside (holders are notified through
+//! [`revoked`](leasehold_driver::LockService::revoked)), and
+//! [`expire_now`](MemoryService::expire_now) ends a grant as if its TTL ran out.
+
+mod faults;
+mod request;
+mod table;
+
+use std::future::Future;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use leasehold::{AcquireOutcome, Duration, Fence, OwnerToken, ReleaseOutcome, RenewOutcome};
+use leasehold_driver::LockService;
+use tokio::sync::Notify;
+
+pub use faults::{Faults, Scope};
+pub use table::Grant;
+
+use faults::FaultTable;
+use request::{Op, Request};
+use table::Table;
+
+/// An in-memory lock service for many keys, with fault injection.
+///
+/// Share it as `Arc<MemoryService>` between contenders; tell clients apart for faults
+/// by their [`Owner`](leasehold::Owner) ([`LeaseHandle::owner`], or one you supply
+/// with [`AcquireOptions::owner`]).
+///
+/// Expiry is lazy: a grant whose TTL ran out is dropped when its key is next touched,
+/// so no timer runs per key. An expiry is therefore not announced through `revoked`
+/// (a holder learns it from its next renewal); [`revoke`](Self::revoke) is.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// use std::sync::Arc;
+/// use leasehold::{Config, Duration, LossReason};
+/// use leasehold_tokio::{acquire, LeaseEnd, memory::MemoryService};
+///
+/// let service = Arc::new(MemoryService::new());
+/// let config = Config::builder(Duration::from_millis(900)).build().unwrap();
+/// let lease = acquire(service.clone(), "job", config).await.unwrap();
+///
+/// // Cut this client off: renewals time out, and the lease is lost at its safe
+/// // deadline, before the service's own expiry.
+/// service.partition(lease.owner());
+/// assert_eq!(lease.lost().await, LeaseEnd::Lost(LossReason::Expired));
+/// assert!(service.grant("job").is_some(), "the service has not expired it yet");
+/// # }
+/// ```
+///
+/// [`LeaseHandle::owner`]: crate::LeaseHandle::owner
+/// [`AcquireOptions::owner`]: crate::AcquireOptions::owner
+#[derive(Debug, Default)]
+pub struct MemoryService {
+    inner: Mutex<Inner>,
+    /// Wakes stalled requests after a fault changed.
+    faults_changed: Notify,
+    /// Wakes revocation watchers after a key was revoked.
+    revocations: Notify,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    table: Table,
+    faults: FaultTable,
+    stats: ServiceStats,
+}
+
+/// Counters of what the service did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServiceStats {
+    /// Acquire requests carried out.
+    pub acquires: u64,
+    /// Renew requests carried out.
+    pub renewals: u64,
+    /// Release requests carried out.
+    pub releases: u64,
+    /// Requests lost before reaching the service (drops, partitions).
+    pub lost_requests: u64,
+    /// Requests carried out whose answers were lost.
+    pub lost_responses: u64,
+}
+
+impl MemoryService {
+    /// An empty service with no faults.
+    pub fn new() -> MemoryService {
+        MemoryService::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Nothing panics under this lock; a poisoned one still holds plain values.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    // ----- inspection -----
+
+    /// The live grant of `key`, if any.
+    pub fn grant(&self, key: &str) -> Option<Grant> {
+        self.lock().table.grant(key, tokio::time::Instant::now())
+    }
+
+    /// What the service did so far.
+    pub fn stats(&self) -> ServiceStats {
+        self.lock().stats
+    }
+
+    /// How many keys the service has ever seen (keys are kept for their fence counter).
+    pub fn key_count(&self) -> usize {
+        self.lock().table.len()
+    }
+
+    // ----- an operator's actions -----
+
+    /// Deletes `key`'s grant from outside, as an operator would, and notifies its
+    /// holder through `revoked`. Returns the grant that was deleted.
+    pub fn revoke(&self, key: &str) -> Option<Grant> {
+        let grant = self.lock().table.revoke(key, tokio::time::Instant::now());
+        if grant.is_some() {
+            self.revocations.notify_waiters();
+        }
+        grant
+    }
+
+    /// Ends `key`'s grant as if its TTL ran out now (a clock jump on the service, a
+    /// failover that lost the key). Nobody is notified; the holder's next renewal is
+    /// answered "not owner". Returns the grant that ended.
+    pub fn expire_now(&self, key: &str) -> Option<Grant> {
+        self.lock().table.expire(key, tokio::time::Instant::now())
+    }
+
+    // ----- faults -----
+
+    /// The faults set for `scope` (not combined with the global ones).
+    pub fn faults(&self, scope: impl Into<Scope>) -> Faults {
+        self.lock().faults.get(scope.into())
+    }
+
+    /// Replaces the faults of `scope`.
+    pub fn set_faults(&self, scope: impl Into<Scope>, faults: Faults) {
+        self.update_faults(scope, |f| *f = faults);
+    }
+
+    /// Changes the faults of `scope`. Requests already waiting in a stall re-check.
+    pub fn update_faults(&self, scope: impl Into<Scope>, change: impl FnOnce(&mut Faults)) {
+        self.lock().faults.update(scope.into(), change);
+        self.faults_changed.notify_waiters();
+    }
+
+    /// Removes every fault, global and per client.
+    pub fn clear_faults(&self) {
+        self.lock().faults.clear();
+        self.faults_changed.notify_waiters();
+    }
+
+    /// Sets the added round-trip latency of `scope`.
+    pub fn set_latency(&self, scope: impl Into<Scope>, latency: std::time::Duration) {
+        self.update_faults(scope, |f| f.latency = latency);
+    }
+
+    /// Requests from `scope` hang before the service acts, until [`unstall`](Self::unstall).
+    pub fn stall(&self, scope: impl Into<Scope>) {
+        self.update_faults(scope, |f| f.stalled = true);
+    }
+
+    /// Lets stalled requests of `scope` through.
+    pub fn unstall(&self, scope: impl Into<Scope>) {
+        self.update_faults(scope, |f| f.stalled = false);
+    }
+
+    /// Cuts `scope` off: its requests and in-flight answers are lost.
+    pub fn partition(&self, scope: impl Into<Scope>) {
+        self.update_faults(scope, |f| f.partitioned = true);
+    }
+
+    /// Ends `scope`'s partition (requests lost meanwhile stay lost).
+    pub fn heal(&self, scope: impl Into<Scope>) {
+        self.update_faults(scope, |f| f.partitioned = false);
+    }
+
+    /// Loses the next `count` requests of `scope` before the service sees them.
+    pub fn drop_requests(&self, scope: impl Into<Scope>, count: u32) {
+        self.update_faults(scope, |f| f.drop_requests = count);
+    }
+
+    /// Carries out the next `count` requests of `scope` but loses their answers.
+    pub fn drop_responses(&self, scope: impl Into<Scope>, count: u32) {
+        self.update_faults(scope, |f| f.drop_responses = count);
+    }
+}
+
+/// The service's TTL is tokio's duration; the core's is microseconds.
+fn std_duration(ttl: Duration) -> std::time::Duration {
+    std::time::Duration::from_micros(ttl.as_micros())
+}
+
+impl LockService for MemoryService {
+    fn acquire(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        ttl: Duration,
+    ) -> impl Future<Output = AcquireOutcome> + Send {
+        Request::new(self, key, token, Op::Acquire(std_duration(ttl)))
+    }
+
+    fn renew(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        ttl: Duration,
+    ) -> impl Future<Output = RenewOutcome> + Send {
+        Request::new(self, key, token, Op::Renew(std_duration(ttl)))
+    }
+
+    fn release(&self, key: &str, token: OwnerToken) -> impl Future<Output = ReleaseOutcome> + Send {
+        Request::new(self, key, token, Op::Release)
+    }
+
+    /// Completes once `key`'s grant with `fence` was [revoked](MemoryService::revoke).
+    fn revoked(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        fence: Fence,
+    ) -> impl Future<Output = ()> + Send {
+        let _ = token;
+        async move {
+            loop {
+                let revoked = self.revocations.notified();
+                let mut revoked = std::pin::pin!(revoked);
+                // Register before looking, so a revocation in between still wakes us.
+                revoked.as_mut().enable();
+                if self.lock().table.was_revoked(key, fence) {
+                    return;
+                }
+                revoked.await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,159 @@
+//! The service's keys and the rules every lock service must keep: hard TTL, fences
+//! strictly increasing per key, owner-token compare on renew and release, idempotent
+//! re-acquire by the same token. Pure functions of the table and `now`.
+
+use std::collections::HashMap;
+
+use leasehold::{AcquireOutcome, Fence, OwnerToken, ReleaseOutcome, RenewOutcome};
+use tokio::time::Instant;
+
+/// A live grant of a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// Who holds it.
+    pub token: OwnerToken,
+    /// Its fence.
+    pub fence: Fence,
+    /// When the service expires it (its hard TTL), on tokio's clock.
+    pub expires_at: Instant,
+}
+
+/// One key. Kept after its grant ends, so that its fence counter never goes back.
+#[derive(Debug, Default)]
+struct Key {
+    grant: Option<Grant>,
+    /// The last fence handed out for this key.
+    last_fence: u64,
+    /// The highest fence whose grant was revoked from outside.
+    revoked_fence: u64,
+}
+
+impl Key {
+    /// The grant, if it has not expired by `now`. Expiry is evaluated lazily, on
+    /// every access, so no timer runs per key.
+    fn live(&mut self, now: Instant) -> Option<&mut Grant> {
+        if self.grant.is_some_and(|grant| grant.expires_at <= now) {
+            self.grant = None;
+        }
+        self.grant.as_mut()
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Table {
+    keys: HashMap<Box<str>, Key>,
+}
+
+impl Table {
+    fn key(&mut self, key: &str) -> &mut Key {
+        // Look up first so the common case does not allocate the key's name.
+        if !self.keys.contains_key(key) {
+            self.keys.insert(key.into(), Key::default());
+        }
+        self.keys.get_mut(key).expect("inserted above")
+    }
+
+    pub(crate) fn acquire(
+        &mut self,
+        key: &str,
+        token: OwnerToken,
+        ttl: std::time::Duration,
+        now: Instant,
+    ) -> AcquireOutcome {
+        let key = self.key(key);
+        let ttl_granted =
+            leasehold::Duration::from_micros(u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX));
+        match key.live(now) {
+            // The same token again: an earlier attempt was granted but its answer got
+            // lost. Grant again with the same fence.
+            Some(grant) if grant.token == token => {
+                grant.expires_at = now + ttl;
+                AcquireOutcome::Granted {
+                    fence: grant.fence,
+                    ttl: ttl_granted,
+                }
+            }
+            Some(_) => AcquireOutcome::HeldByAnother,
+            None => {
+                key.last_fence += 1;
+                let fence = Fence(key.last_fence);
+                key.grant = Some(Grant {
+                    token,
+                    fence,
+                    expires_at: now + ttl,
+                });
+                AcquireOutcome::Granted {
+                    fence,
+                    ttl: ttl_granted,
+                }
+            }
+        }
+    }
+
+    /// Compare-and-expire: extends only `token`'s own live grant.
+    pub(crate) fn renew(
+        &mut self,
+        key: &str,
+        token: OwnerToken,
+        ttl: std::time::Duration,
+        now: Instant,
+    ) -> RenewOutcome {
+        match self.keys.get_mut(key).and_then(|key| key.live(now)) {
+            Some(grant) if grant.token == token => {
+                grant.expires_at = now + ttl;
+                RenewOutcome::Renewed {
+                    ttl: leasehold::Duration::from_micros(
+                        u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX),
+                    ),
+                }
+            }
+            _ => RenewOutcome::NotOwner,
+        }
+    }
+
+    /// Compare-and-delete: deletes only `token`'s own live grant.
+    pub(crate) fn release(&mut self, key: &str, token: OwnerToken, now: Instant) -> ReleaseOutcome {
+        let Some(key) = self.keys.get_mut(key) else {
+            return ReleaseOutcome::NotOwner;
+        };
+        match key.live(now) {
+            Some(grant) if grant.token == token => {
+                key.grant = None;
+                ReleaseOutcome::Released
+            }
+            _ => ReleaseOutcome::NotOwner,
+        }
+    }
+
+    pub(crate) fn grant(&mut self, key: &str, now: Instant) -> Option<Grant> {
+        self.keys.get_mut(key)?.live(now).copied()
+    }
+
+    /// Deletes the live grant from outside and remembers it was revoked.
+    pub(crate) fn revoke(&mut self, key: &str, now: Instant) -> Option<Grant> {
+        let key = self.keys.get_mut(key)?;
+        let grant = *key.live(now)?;
+        key.grant = None;
+        key.revoked_fence = key.revoked_fence.max(grant.fence.0);
+        Some(grant)
+    }
+
+    /// Ends the live grant as if its TTL ran out now (no notification).
+    pub(crate) fn expire(&mut self, key: &str, now: Instant) -> Option<Grant> {
+        let key = self.keys.get_mut(key)?;
+        let grant = *key.live(now)?;
+        key.grant = None;
+        Some(grant)
+    }
+
+    /// Whether the grant with `fence` (or a later one) of `key` was revoked.
+    pub(crate) fn was_revoked(&self, key: &str, fence: Fence) -> bool {
+        self.keys
+            .get(key)
+            .is_some_and(|key| key.revoked_fence >= fence.0)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.keys.len()
+    }
+}

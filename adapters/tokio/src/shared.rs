@@ -1,0 +1,338 @@
+//! What the driver task and every handle of one lease share.
+//!
+//! The write gate is the authority on whether a write may happen; everything else here
+//! is bookkeeping *about* the lease (state for observers, how the term ended, who waits
+//! for what). The driver task is the gate's only writer. A handle that wants writes to
+//! stop before the driver gets to run (release, or the driver gone) raises the `stop`
+//! flag, which [`check`](crate::LeaseHandle::check) reads right after the gate.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+
+use futures_util::task::AtomicWaker;
+
+use leasehold::{AcquireFailure, Config, Event, Fence, Owner, Term, WriteGate};
+use tokio::sync::{broadcast, watch, Notify};
+use tokio_util::sync::CancellationToken;
+
+use crate::{trace, LeaseClock, LeaseEnd, LeaseState, TimedEvent};
+
+/// How many events a late [`events`](crate::LeaseHandle::events) subscriber can lag
+/// behind before it misses some.
+const EVENT_CAPACITY: usize = 32;
+
+/// Values of [`Shared::stop`].
+mod stop {
+    pub(super) const NONE: u8 = 0;
+    pub(super) const RELEASE: u8 = 1;
+    pub(super) const DRIVER_GONE: u8 = 2;
+}
+
+/// Why writes stopped before the gate said so; see [`Shared::stop_cause`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StopCause {
+    Release,
+    DriverGone,
+}
+
+pub(crate) struct Shared {
+    pub(crate) gate: WriteGate,
+    pub(crate) clock: LeaseClock,
+    pub(crate) config: Config,
+    pub(crate) key: Box<str>,
+    pub(crate) owner: Owner,
+    /// A [`stop`] value: raised by a release request or the driver's end.
+    stop: AtomicU8,
+    /// Live [`LeaseHandle`](crate::LeaseHandle)s; the last one to go releases.
+    pub(crate) handles: AtomicUsize,
+    /// Wakes the driver for a release; the driver's release future is
+    /// [`ReleaseWanted`], 8 bytes, where a `Notified` would add 64 to every lease.
+    release_waker: AtomicWaker,
+    /// Wakes everyone who waits on [`Status`] (acquire, `lost()`, `release()`).
+    changed: Notify,
+    status: Mutex<Status>,
+}
+
+/// Bookkeeping about the lease, for observers. Never consulted by `check()`.
+struct Status {
+    state: LeaseState,
+    /// How the term ended, set once: the first of loss, release request, driver gone.
+    end: Option<LeaseEnd>,
+    /// The driver task returned (or was dropped).
+    finished: bool,
+    /// The fence and term of the grant, once granted.
+    granted: Option<(Fence, Term)>,
+    /// A `try_acquire` gave up because the key is held by another.
+    refused: bool,
+    /// Created on first request, so that leases nobody observes stay small.
+    token: Option<CancellationToken>,
+    watch: Option<watch::Sender<LeaseState>>,
+    events: Option<broadcast::Sender<TimedEvent>>,
+}
+
+impl Shared {
+    pub(crate) fn new(key: Box<str>, owner: Owner, config: Config, clock: LeaseClock) -> Shared {
+        Shared {
+            gate: WriteGate::new(),
+            clock,
+            config,
+            key,
+            owner,
+            stop: AtomicU8::new(stop::NONE),
+            handles: AtomicUsize::new(0),
+            release_waker: AtomicWaker::new(),
+            changed: Notify::new(),
+            status: Mutex::new(Status {
+                state: LeaseState::Acquiring,
+                end: None,
+                finished: false,
+                granted: None,
+                refused: false,
+                token: None,
+                watch: None,
+                events: None,
+            }),
+        }
+    }
+
+    fn status(&self) -> MutexGuard<'_, Status> {
+        // Nothing panics while holding the lock; if something did, the data is still
+        // plain values, so keep going rather than poison every handle.
+        self.status.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Why writes stopped ahead of the gate, if they did.
+    pub(crate) fn stop_cause(&self) -> Option<StopCause> {
+        match self.stop.load(Ordering::Acquire) {
+            stop::NONE => None,
+            stop::RELEASE => Some(StopCause::Release),
+            _ => Some(StopCause::DriverGone),
+        }
+    }
+
+    pub(crate) fn state(&self) -> LeaseState {
+        self.status().state
+    }
+
+    pub(crate) fn end(&self) -> Option<LeaseEnd> {
+        self.status().end
+    }
+
+    pub(crate) fn granted(&self) -> Option<(Fence, Term)> {
+        self.status().granted
+    }
+
+    pub(crate) fn refused(&self) -> bool {
+        self.status().refused
+    }
+
+    pub(crate) fn finished(&self) -> bool {
+        self.status().finished
+    }
+
+    // ----- observers -----
+
+    pub(crate) fn cancellation_token(&self) -> CancellationToken {
+        let mut status = self.status();
+        let ended = status.end.is_some();
+        let token = status.token.get_or_insert_with(CancellationToken::new);
+        if ended {
+            token.cancel();
+        }
+        token.clone()
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<LeaseState> {
+        let mut status = self.status();
+        let state = status.state;
+        match &status.watch {
+            Some(sender) => sender.subscribe(),
+            None => {
+                let (sender, receiver) = watch::channel(state);
+                status.watch = Some(sender);
+                receiver
+            }
+        }
+    }
+
+    pub(crate) fn events(&self) -> broadcast::Receiver<TimedEvent> {
+        self.status()
+            .events
+            .get_or_insert_with(|| broadcast::channel(EVENT_CAPACITY).0)
+            .subscribe()
+    }
+
+    /// Waits until `ready` says yes, re-checking after every change.
+    pub(crate) async fn wait_for<T>(&self, ready: impl Fn(&Shared) -> Option<T>) -> T {
+        loop {
+            let changed = self.changed.notified();
+            let mut changed = std::pin::pin!(changed);
+            // Register before looking, so a change between the look and the await
+            // still wakes us.
+            changed.as_mut().enable();
+            if let Some(value) = ready(self) {
+                return value;
+            }
+            changed.await;
+        }
+    }
+
+    /// Completes once a release was requested (or the driver is gone); the driver's
+    /// `release` future.
+    pub(crate) fn release_wanted(&self) -> ReleaseWanted<'_> {
+        ReleaseWanted(self)
+    }
+
+    // ----- transitions -----
+
+    /// Writes must stop and the term end: raises the stop flag at once (so `check()`
+    /// refuses from now on), then wakes the driver, which closes the gate and sends
+    /// the release. Idempotent.
+    pub(crate) fn request_release(&self, why: trace::ReleaseWhy) {
+        // Only ever raise: a driver already gone stays gone.
+        let _ = self.stop.compare_exchange(
+            stop::NONE,
+            stop::RELEASE,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        let first = {
+            let mut status = self.status();
+            let first = status.end.is_none();
+            if first {
+                end_once(&mut status, LeaseEnd::Released);
+                set_state(&mut status, LeaseState::Releasing);
+            }
+            first
+        };
+        if first {
+            trace::release_requested(self, why);
+        }
+        self.changed.notify_waiters();
+        self.release_waker.wake();
+    }
+
+    /// The driver saw `event` at `at`: update the state, tell subscribers.
+    pub(crate) fn publish(&self, event: Event, at: tokio::time::Instant, give_up_if_held: bool) {
+        let timed = TimedEvent {
+            at,
+            lease_time: self.clock.to_lease(at),
+            event,
+        };
+        trace::event(self, &timed);
+        let mut refuse = false;
+        {
+            let mut status = self.status();
+            let next = match event {
+                Event::Acquired {
+                    term,
+                    fence,
+                    deadline,
+                } => {
+                    status.granted = Some((fence, term));
+                    Some(LeaseState::Holding { fence, deadline })
+                }
+                Event::AcquireFailed { reason, .. } => {
+                    refuse = give_up_if_held && reason == AcquireFailure::HeldByAnother;
+                    status.refused |= refuse;
+                    None
+                }
+                Event::Renewed { deadline } => status
+                    .granted
+                    .map(|(fence, _)| LeaseState::Holding { fence, deadline }),
+                Event::RenewFailed {
+                    deadline,
+                    writes_paused,
+                    ..
+                } => status.granted.map(|(fence, _)| LeaseState::RenewPending {
+                    fence,
+                    deadline,
+                    writes_paused,
+                }),
+                Event::Lost { reason } => {
+                    end_once(&mut status, LeaseEnd::Lost(reason));
+                    Some(LeaseState::Lost(reason))
+                }
+                Event::Released => {
+                    end_once(&mut status, LeaseEnd::Released);
+                    Some(LeaseState::Released)
+                }
+                _ => None,
+            };
+            if let Some(state) = next {
+                set_state(&mut status, state);
+            }
+            if let Some(events) = &status.events {
+                // No receiver left is fine: nobody listens.
+                let _ = events.send(timed);
+            }
+        }
+        self.changed.notify_waiters();
+        if refuse {
+            self.request_release(trace::ReleaseWhy::HeldByAnother);
+        }
+    }
+
+    /// The driver task is over (returned, panicked, or dropped with its runtime). If the
+    /// term had not ended, it ends now: nothing renews the lease any more.
+    pub(crate) fn finish(&self) {
+        let stopped = {
+            let mut status = self.status();
+            status.finished = true;
+            let stopped = status.end.is_none();
+            if stopped {
+                self.stop.store(stop::DRIVER_GONE, Ordering::Release);
+                end_once(&mut status, LeaseEnd::DriverStopped);
+                set_state(&mut status, LeaseState::DriverStopped);
+            }
+            stopped
+        };
+        if stopped {
+            trace::driver_stopped(self);
+        }
+        self.changed.notify_waiters();
+    }
+}
+
+/// See [`Shared::release_wanted`].
+pub(crate) struct ReleaseWanted<'a>(&'a Shared);
+
+impl Future for ReleaseWanted<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let shared = self.0;
+        // Register first, then look: a request in between still wakes us.
+        shared.release_waker.register(cx.waker());
+        if shared.stop.load(Ordering::Acquire) == stop::NONE {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    }
+}
+
+/// Records the end of the term (first cause wins) and cancels the token.
+fn end_once(status: &mut Status, end: LeaseEnd) {
+    if status.end.is_none() {
+        status.end = Some(end);
+    }
+    if let Some(token) = &status.token {
+        token.cancel();
+    }
+}
+
+/// Moves to `state`, unless the term already ended and `state` would reopen it: a
+/// renewal answered in the same instant as a release request must not show "holding".
+fn set_state(status: &mut Status, state: LeaseState) {
+    if status.end.is_some() && state.end().is_none() {
+        return;
+    }
+    status.state = state;
+    if let Some(watch) = &status.watch {
+        watch.send_replace(state);
+    }
+}

@@ -1,0 +1,82 @@
+//! The driver task: the shared [`run_term`] loop on tokio's clock, spawned once per
+//! lease. This adapter decides no lease policy; it only wires the loop's events and
+//! its release signal to the handles.
+
+use std::sync::Arc;
+
+use leasehold::Lease;
+use leasehold_driver::{run_term, LockService, Target};
+
+use crate::shared::Shared;
+
+/// Spawns the task that runs `shared`'s one term against `service`.
+///
+/// With `give_up_if_held`, the first "held by another" answer ends the attempt
+/// (`try_acquire`). Must be called from within a tokio runtime.
+pub(crate) fn spawn<S>(shared: Arc<Shared>, service: Arc<S>, give_up_if_held: bool)
+where
+    S: LockService + 'static,
+{
+    tokio::spawn(drive(shared, service, give_up_if_held));
+}
+
+async fn drive<S: LockService>(shared: Arc<Shared>, service: Arc<S>, give_up_if_held: bool) {
+    // Runs when the term is over, and also when the task is dropped unfinished
+    // (runtime shutdown) or unwinds: the handles then learn that nothing renews.
+    let _finish = Finish(&shared);
+    let mut lease = Lease::new(shared.config);
+    let target = Target {
+        service: &*service,
+        key: &shared.key,
+        owner: shared.owner,
+    };
+    // A fresh lease is never mid-term, so this cannot fail; if it ever did, the
+    // guard above ends the term as "driver stopped", which is the safe reading.
+    let term = run_term(
+        &mut lease,
+        &shared.gate,
+        target,
+        &shared.clock,
+        shared.release_wanted(),
+        |event| shared.publish(event, tokio::time::Instant::now(), give_up_if_held),
+    );
+    // Awaited apart from the call, so the call's temporaries do not take room in the
+    // task next to the loop's own future.
+    let _ = term.await;
+}
+
+struct Finish<'a>(&'a Shared);
+
+impl Drop for Finish<'_> {
+    fn drop(&mut self) {
+        self.0.finish();
+    }
+}
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use leasehold::{Config, Duration, Owner};
+
+    use crate::memory::MemoryService;
+    use crate::shared::Shared;
+    use crate::LeaseClock;
+
+    /// A driver task per lease is most of a lease's memory (tokio rounds a task up to
+    /// 128 bytes): keep its future and the shared state from growing unnoticed.
+    #[tokio::test]
+    async fn a_lease_task_and_its_shared_state_stay_small() {
+        let config = Config::builder(Duration::from_secs(3)).build().unwrap();
+        let shared = Arc::new(Shared::new(
+            "k".into(),
+            Owner([0; 16]),
+            config,
+            LeaseClock::start(),
+        ));
+        let task = super::drive(shared, Arc::new(MemoryService::new()), false);
+        let (task, shared) = (size_of_val(&task), size_of::<Shared>());
+        println!("driver task future: {task} B, shared state: {shared} B");
+        assert!(task <= 832, "driver task future is {task} B");
+        assert!(shared <= 288, "shared state is {shared} B");
+    }
+}

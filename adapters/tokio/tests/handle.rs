@@ -1,0 +1,358 @@
+//! The handle's promises: mutual exclusion between contenders, release on drop,
+//! cancel-safe acquire, and how a loss is reported (lost(), token, watch, events).
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::{config, ms, within, Kind, Recording, Timeline};
+use leasehold::{Event, Fence, FenceGate, GateError, LossReason, Owner};
+use leasehold_tokio::memory::Scope;
+use leasehold_tokio::{
+    acquire, acquire_with, try_acquire, AcquireError, AcquireOptions, CheckError, LeaseEnd,
+    LeaseHandle, LeaseState,
+};
+
+const KEY: &str = "orders";
+
+// ----- two contenders -----
+
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    Partition,
+    Stall,
+    AnswersTooSlow,
+    ExpireAtService,
+    Revoke,
+    OneLostRenewal,
+}
+
+/// What one contention run saw.
+struct Contention {
+    a: Fence,
+    b: Option<Fence>,
+    /// Instants (µs) at which both `check()`s passed.
+    both_passed: Vec<u64>,
+    /// Writes storage refused: (µs, the error).
+    refused: Vec<(u64, String)>,
+}
+
+/// A holds, B waits in `acquire`; at 250 ms `fault` hits A. Every millisecond for
+/// 3 s, both check at the same virtual instant, and every fence that passes is
+/// written to storage behind a `FenceGate`.
+async fn contend(fault: Fault) -> Contention {
+    let timeline = Timeline::start();
+    let service = Recording::new();
+    let a = acquire(service.clone(), KEY, config(900)).await.unwrap();
+    let b_slot: Arc<Mutex<Option<LeaseHandle>>> = Arc::default();
+    let b_task = {
+        let (service, slot) = (service.clone(), b_slot.clone());
+        tokio::spawn(async move {
+            let b = acquire(service, KEY, config(900)).await.unwrap();
+            *slot.lock().unwrap() = Some(b);
+        })
+    };
+    let mut storage = FenceGate::new();
+    let (mut both_passed, mut refused) = (Vec::new(), Vec::new());
+    while timeline.now_ms() < 3_000 {
+        if timeline.now_ms() == 250 {
+            match fault {
+                Fault::Partition => service.partition(a.owner()),
+                Fault::Stall => service.stall(a.owner()),
+                Fault::AnswersTooSlow => service.set_latency(a.owner(), ms(200)),
+                Fault::ExpireAtService => drop(service.expire_now(KEY)),
+                Fault::Revoke => drop(service.revoke(KEY)),
+                Fault::OneLostRenewal => service.drop_requests(a.owner(), 1),
+            }
+        }
+        let b = b_slot.lock().unwrap().clone();
+        // Both at the same virtual instant: nothing runs between these two lines.
+        let a_check = a.check();
+        let b_check = b.as_ref().map(LeaseHandle::check);
+        if let (Ok(_), Some(Ok(_))) = (a_check, b_check) {
+            both_passed.push(timeline.now_us());
+        }
+        // B writes first, then A, as if A's write came late.
+        for fence in [b_check.and_then(Result::ok), a_check.ok()]
+            .into_iter()
+            .flatten()
+        {
+            if let Err(stale) = storage.admit(fence) {
+                refused.push((timeline.now_us(), stale.to_string()));
+            }
+        }
+        tokio::time::sleep(ms(1)).await;
+    }
+    b_task.abort();
+    let b = b_slot.lock().unwrap().as_ref().map(LeaseHandle::fence);
+    Contention {
+        a: a.fence(),
+        b,
+        both_passed,
+        refused,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_contenders_never_both_pass_check_at_the_same_instant() {
+    for fault in [
+        Fault::Partition,
+        Fault::Stall,
+        Fault::AnswersTooSlow,
+        Fault::Revoke,
+        Fault::OneLostRenewal,
+    ] {
+        let run = contend(fault).await;
+        assert_eq!(run.both_passed, [] as [u64; 0], "{fault:?}: both passed");
+        assert_eq!(run.refused, [] as [(u64, String); 0], "{fault:?}");
+        let expected = match fault {
+            Fault::OneLostRenewal => None, // a blip: A keeps it, B keeps waiting
+            _ => Some(Fence(2)),
+        };
+        assert_eq!((run.a, run.b), (Fence(1), expected), "{fault:?}");
+    }
+}
+
+/// The write gate relies on the service honouring its TTL. A service that drops a
+/// key early (failover that lost it, a clock jump on the server) hands it to B while
+/// A still believes it holds it, until A's next renewal: only storage's fence gate
+/// stops A's writes then. This is why every write carries its fence.
+#[tokio::test(start_paused = true)]
+async fn when_the_service_drops_a_key_early_only_the_fence_gate_stops_the_old_holder() {
+    let run = contend(Fault::ExpireAtService).await;
+    assert_eq!((run.a, run.b), (Fence(1), Some(Fence(2))));
+    // B acquired on its retry at 270 ms; A learnt at its renewal at 300 ms. (Whether
+    // the sampler runs before or after the drivers at 270 and 300 is a same-instant
+    // tie; the 29 ms in between overlap in any order.)
+    let overlap = &run.both_passed;
+    assert!(overlap.len() >= 29, "{overlap:?}");
+    assert!(
+        overlap.iter().all(|us| (270_000..=300_000).contains(us)),
+        "{overlap:?}"
+    );
+    assert_eq!(run.refused.len(), overlap.len(), "every write of A refused");
+    assert!(run
+        .refused
+        .iter()
+        .all(|(_, err)| err
+            == "stale writer: presented fence 1 but storage already admitted fence 2"));
+}
+
+// ----- release on drop -----
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_last_handle_releases_the_key_in_the_background() {
+    let timeline = Timeline::start();
+    let service = Recording::new();
+    let a = acquire(service.clone(), KEY, config(900)).await.unwrap();
+    let token = a.cancellation_token();
+    let watch = a.subscribe();
+    let b = {
+        let service = service.clone();
+        tokio::spawn(async move { acquire(service, KEY, config(900)).await.unwrap() })
+    };
+
+    timeline.until(100).await;
+    let clone = a.clone();
+    drop(a);
+    tokio::task::yield_now().await;
+    assert!(service.grant(KEY).is_some(), "a clone still holds it");
+    assert!(clone.check().is_ok());
+
+    drop(clone);
+    assert!(token.is_cancelled(), "writes stopped with the last handle");
+    let b = within(3_000, b).await.unwrap();
+    assert_eq!(b.fence(), Fence(2));
+    // B's acquire retries every 45 ms from 0: the first after 100 ms is at 135 ms,
+    // long before A's 900 ms TTL would have freed the key.
+    assert_eq!(timeline.now_ms(), 135);
+    assert_eq!(*watch.borrow(), LeaseState::Released);
+}
+
+// ----- cancel-safe acquire -----
+
+#[tokio::test(start_paused = true)]
+async fn dropping_a_waiting_acquire_stops_its_attempts() {
+    let timeline = Timeline::start();
+    let service = Recording::new();
+    let b = acquire(service.clone(), KEY, config(900)).await.unwrap();
+    let owner = Owner([7; 16]);
+    let attempt = acquire_with(
+        service.clone(),
+        KEY,
+        config(900),
+        AcquireOptions::new().owner(owner),
+    );
+    assert!(tokio::time::timeout(ms(200), attempt).await.is_err());
+    let attempts = service.sent_ms(&timeline, owner.token(leasehold::Term(1)), Kind::Acquire);
+    assert_eq!(attempts, [0, 45, 90, 135, 180], "it was retrying");
+
+    timeline.until(300).await;
+    drop(b);
+    timeline.until(2_000).await;
+    assert_eq!(
+        service
+            .sent_ms(&timeline, owner.token(leasehold::Term(1)), Kind::Acquire)
+            .len(),
+        5,
+        "no attempt after the future was dropped"
+    );
+    assert_eq!(service.grant(KEY), None, "the freed key was not taken");
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_an_acquire_whose_grant_is_in_flight_releases_the_grant() {
+    let timeline = Timeline::start();
+    let service = Recording::new();
+    // 30 ms to the service, 30 ms back: granted at 30, answered at 60.
+    service.set_latency(Scope::All, ms(60));
+    let attempt = acquire(service.clone(), KEY, config(900));
+    assert!(tokio::time::timeout(ms(40), attempt).await.is_err());
+    assert!(
+        service.grant(KEY).is_some(),
+        "the service granted it at 30 ms"
+    );
+
+    // The release goes out at once and reaches the service 30 ms later.
+    timeline.until(71).await;
+    assert_eq!(
+        service.grant(KEY),
+        None,
+        "released, not left to the 900 ms TTL"
+    );
+    assert_eq!(service.stats().releases, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn try_acquire_gives_up_on_the_first_held_by_another() {
+    let timeline = Timeline::start();
+    let service = Recording::new();
+    let _a = acquire(service.clone(), KEY, config(900)).await.unwrap();
+    let owner = Owner([9; 16]);
+    let b = acquire_with(
+        service.clone(),
+        KEY,
+        config(900),
+        AcquireOptions::new().owner(owner).wait_while_held(false),
+    )
+    .await;
+    assert_eq!(b.unwrap_err(), AcquireError::HeldByAnother);
+    assert_eq!(timeline.now_ms(), 0);
+    timeline.until(1_000).await;
+    assert_eq!(
+        service.sent_ms(&timeline, owner.token(leasehold::Term(1)), Kind::Acquire),
+        [0]
+    );
+    assert!(try_acquire(service.clone(), "free", config(900))
+        .await
+        .is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_answer_to_an_acquire_is_retried_and_granted_idempotently() {
+    let timeline = Timeline::start();
+    let service = Recording::new();
+    let owner = Owner([1; 16]);
+    service.drop_responses(owner, 1);
+    let lease = acquire_with(
+        service.clone(),
+        KEY,
+        config(900),
+        AcquireOptions::new().owner(owner),
+    )
+    .await
+    .unwrap();
+    // Granted at 0, answer lost; timed out at 90; retried at 135: same grant.
+    assert_eq!(timeline.now_ms(), 135);
+    assert_eq!(lease.fence(), Fence(1));
+    assert_eq!(service.stats().acquires, 2);
+    assert_eq!(lease.check(), Ok(Fence(1)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn random_owners_differ() {
+    let service = Recording::new();
+    let a = acquire(service.clone(), "a", config(900)).await.unwrap();
+    let b = acquire(service.clone(), "b", config(900)).await.unwrap();
+    assert_ne!(a.owner(), b.owner());
+}
+
+// ----- how a loss is reported -----
+
+#[tokio::test(start_paused = true)]
+async fn a_loss_cancels_the_token_and_shows_in_the_watch_and_the_events() {
+    let timeline = Timeline::start();
+    let service = Recording::new();
+    let lease = acquire(service.clone(), KEY, config(900)).await.unwrap();
+    let token = lease.cancellation_token();
+    let mut state = lease.subscribe();
+    let mut events = lease.events();
+    assert_eq!(
+        *state.borrow_and_update(),
+        LeaseState::Holding {
+            fence: Fence(1),
+            deadline: lease.deadline().unwrap()
+        }
+    );
+
+    service.expire_now(KEY);
+    within(3_000, token.cancelled()).await;
+    assert_eq!(timeline.now_ms(), 300);
+    assert!(
+        lease.check().is_err(),
+        "the gate closed before the token was cancelled"
+    );
+    within(3_000, state.changed()).await.unwrap();
+    assert_eq!(*state.borrow(), LeaseState::Lost(LossReason::NotOwner));
+    let lost = within(3_000, events.recv()).await.unwrap();
+    assert_eq!(
+        lost.event,
+        Event::Lost {
+            reason: LossReason::NotOwner
+        }
+    );
+    assert_eq!(lost.at, timeline.at(300));
+
+    // After the end, every observer agrees at once; release() is a no-op.
+    assert_eq!(
+        within(3_000, lease.lost()).await,
+        LeaseEnd::Lost(LossReason::NotOwner)
+    );
+    assert!(lease.cancellation_token().is_cancelled());
+    assert_eq!(
+        within(1_000, lease.release()).await,
+        LeaseEnd::Lost(LossReason::NotOwner)
+    );
+    assert_eq!(timeline.now_ms(), 300);
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_ends_the_term_for_every_clone() {
+    let service = Recording::new();
+    let lease = acquire(service.clone(), KEY, config(900)).await.unwrap();
+    let worker = lease.clone();
+    assert_eq!(within(1_000, lease.release()).await, LeaseEnd::Released);
+    assert_eq!(worker.check(), Err(CheckError::Gate(GateError::Released)));
+    assert_eq!(within(3_000, worker.lost()).await, LeaseEnd::Released);
+    assert_eq!(service.grant(KEY), None);
+}
+
+/// Not `#[tokio::test]`: the runtime is dropped mid-lease on purpose.
+#[test]
+fn a_runtime_shutdown_ends_the_lease_as_driver_stopped() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let service = Recording::new();
+    let lease = runtime
+        .block_on(acquire(service.clone(), KEY, config(900)))
+        .unwrap();
+    let token = lease.cancellation_token();
+    drop(runtime);
+    assert_eq!(lease.end(), Some(LeaseEnd::DriverStopped));
+    assert_eq!(lease.state(), LeaseState::DriverStopped);
+    assert!(token.is_cancelled());
+    assert_eq!(lease.check(), Err(CheckError::DriverStopped));
+}
