@@ -1,11 +1,10 @@
 //! The scripts' semantics against a real `redis-server`: grant, re-grant, held,
-//! renew, not-owner, release, fences, NOSCRIPT reload, password, cluster slots, and
-//! a lease driven through `run_term`.
+//! renew, not-owner, release, fences, NOSCRIPT reload, password, cluster slots,
+//! `Send` use from many tasks, and errors as `Indeterminate` + `tracing` logs.
 
 mod support;
 
-use leasehold::{Event, Fence, GateError, Owner, Term};
-use leasehold_driver::TermEnd;
+use leasehold::{Fence, Owner, Term};
 use leasehold_redis::{Acquired, Keys, Op, RedisLockError, RedisLockService, Released, Renewed};
 use redis::AsyncCommands;
 use support::*;
@@ -324,32 +323,6 @@ fn both_keys_live_in_one_cluster_slot() {
             service.try_release("orders", a).await.unwrap(),
             Released::Released
         );
-    });
-}
-
-#[test]
-fn a_lease_renews_every_third_through_redis_and_releases() {
-    let server = RedisServer::start();
-    run_local(async {
-        let service = service(&server.url()).await;
-        let mut holder = spawn_term(service.clone(), "lease", config(300));
-        let (fence, deadline) = holder.acquired(std_ms(2_000)).await;
-        assert_eq!(fence, Fence(1));
-        assert_eq!(holder.gate.check(mono_now()), Ok(fence));
-        assert!(deadline > mono_now());
-        for _ in 0..3 {
-            let _ = holder
-                .next_event("a renewal", std_ms(1_000), |e| {
-                    matches!(e, Event::Renewed { .. })
-                })
-                .await;
-        }
-        let gate = holder.gate.clone();
-        let mut raw = raw(&server.url()).await;
-        assert_eq!(holder.release().await, TermEnd::Released);
-        assert_eq!(gate.check(mono_now()), Err(GateError::Released));
-        let gone: Option<String> = raw.get("{lease}").await.unwrap();
-        assert_eq!(gone, None, "released at the service");
     });
 }
 

@@ -1,0 +1,161 @@
+//! The Redis service under the tokio adapter (`leasehold_tokio::acquire` with an
+//! `Arc<RedisLockService>`) on a multi-threaded runtime: the production setup.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration as StdDuration;
+
+use leasehold::{Event, Fence, GateError, LossReason};
+use leasehold_redis::RedisLockService;
+use leasehold_tokio::{acquire, CheckError, LeaseEnd};
+use redis::AsyncCommands;
+use support::*;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn shared(url: &str) -> Arc<RedisLockService> {
+    Arc::new(service(url).await)
+}
+
+#[test]
+fn acquire_renew_release_through_the_tokio_adapter() {
+    let server = RedisServer::start();
+    runtime().block_on(async {
+        let service = shared(&server.url()).await;
+        let mut raw = raw(&server.url()).await;
+        let lease = acquire(service.clone(), "tk", config(300)).await.unwrap();
+        assert_eq!(lease.check(), Ok(Fence(1)));
+        let stored: String = raw.get("{tk}").await.unwrap();
+        assert_eq!(stored, lease.token().encode().as_str());
+        let mut events = lease.events();
+        let mut renewals = 0;
+        while renewals < 3 {
+            let timed = tokio::time::timeout(std_ms(1_000), events.recv())
+                .await
+                .expect("renewals every T/3")
+                .unwrap();
+            if matches!(timed.event, Event::Renewed { .. }) {
+                renewals += 1;
+            }
+        }
+        assert_eq!(lease.release().await, LeaseEnd::Released);
+        assert!(matches!(
+            lease.check(),
+            Err(CheckError::ReleaseRequested | CheckError::Gate(GateError::Released))
+        ));
+        let gone: Option<String> = raw.get("{tk}").await.unwrap();
+        assert_eq!(gone, None);
+    });
+}
+
+#[test]
+fn outside_delete_and_long_stall_end_the_lease_through_the_adapter() {
+    let server = RedisServer::start();
+    runtime().block_on(async {
+        let direct = shared(&server.url()).await;
+        let mut raw = raw(&server.url()).await;
+
+        // DEL from outside: the next renewal says NotOwner.
+        let lease = acquire(direct.clone(), "tkdel", config(300)).await.unwrap();
+        let _: () = raw.del("{tkdel}").await.unwrap();
+        let end = tokio::time::timeout(std_ms(1_000), lease.lost())
+            .await
+            .unwrap();
+        assert_eq!(end, LeaseEnd::Lost(LossReason::NotOwner));
+        assert_eq!(
+            lease.check(),
+            Err(CheckError::Gate(GateError::Lost(LossReason::NotOwner)))
+        );
+
+        // A stalled network: Expired at the safe deadline, before Redis's TTL.
+        let proxy = Proxy::start(server.port).await;
+        let stalled = shared(&proxy.url()).await;
+        let lease = acquire(stalled, "tkstall", config(300)).await.unwrap();
+        proxy.set_mode(ProxyMode::Stall);
+        let end = tokio::time::timeout(std_ms(1_000), lease.lost())
+            .await
+            .unwrap();
+        assert_eq!(end, LeaseEnd::Lost(LossReason::Expired));
+        let pttl: i64 = raw.pttl("{tkstall}").await.unwrap();
+        assert!(
+            pttl > 0,
+            "Redis still holds the key ({pttl} ms left) when the gate closes"
+        );
+        proxy.set_mode(ProxyMode::Forward);
+    });
+}
+
+/// 8 contenders on one key through the adapter for a few seconds: every write that
+/// passed `check()` is admitted by the fenced storage, fences increase from holder to
+/// holder, and every holder's writes end before the next holder's begin.
+#[test]
+fn contenders_through_the_adapter_never_overlap() {
+    let secs: u64 = std::env::var("LEASEHOLD_REDIS_CONTENTION_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(5, |s: u64| s.min(5));
+    let server = RedisServer::start();
+    let terms = runtime().block_on(async {
+        let storage = Storage::default();
+        let terms = Arc::new(Mutex::new(Vec::new()));
+        let end = tokio::time::Instant::now() + StdDuration::from_secs(secs);
+        let mut tasks = Vec::new();
+        for contender in 0..8u64 {
+            let service = shared(&server.url()).await;
+            let storage = storage.clone();
+            let terms = terms.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut round = 0;
+                while tokio::time::Instant::now() < end {
+                    round += 1;
+                    let Ok(Ok(lease)) =
+                        tokio::time::timeout_at(end, acquire(service.clone(), "tkc", config(300)))
+                            .await
+                    else {
+                        break;
+                    };
+                    let fence = lease.fence();
+                    let hold = std_ms(10 + (contender * 37 + round * 53) % 200);
+                    let until = tokio::time::Instant::now() + hold;
+                    let mut first_write = None;
+                    let mut last_write = None;
+                    while tokio::time::Instant::now() < until {
+                        let Ok(f) = lease.check() else { break };
+                        let at = mono_now();
+                        storage
+                            .write(f)
+                            .expect("a write that passed check() is never stale");
+                        first_write.get_or_insert(at);
+                        last_write = Some(at);
+                        tokio::time::sleep(std_ms(2)).await;
+                    }
+                    lease.release().await;
+                    if let (Some(first), Some(last)) = (first_write, last_write) {
+                        terms.lock().unwrap().push((fence, first, last));
+                    }
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        storage.assert_no_stale_admitted();
+        let terms = terms.lock().unwrap().clone();
+        terms
+    });
+    let mut terms = terms;
+    terms.sort_by_key(|t| t.1);
+    assert!(terms.len() >= 4, "too few terms: {}", terms.len());
+    for pair in terms.windows(2) {
+        let ((fa, _, last_a), (fb, first_b, _)) = (pair[0], pair[1]);
+        assert!(fb > fa, "fences increase: {fa} then {fb}");
+        assert!(last_a < first_b, "{fa} still writing after {fb} started");
+    }
+}
