@@ -15,6 +15,7 @@ declare -A packages=(
     [protoc]=protobuf-compiler
     [arm-none-eabi-size]=binutils-arm-none-eabi
     [qemu-system-arm]=qemu-system-arm
+    [openssl]=openssl
 )
 missing=()
 for cmd in "${!packages[@]}"; do
