@@ -15,5 +15,8 @@ fn a_lease_fits_in_128_bytes() {
 #[test]
 fn a_write_gate_fits_in_24_bytes() {
     let size = size_of::<WriteGate>();
-    assert!(size <= 24, "size_of::<WriteGate>() is {size} bytes, over 24");
+    assert!(
+        size <= 24,
+        "size_of::<WriteGate>() is {size} bytes, over 24"
+    );
 }
