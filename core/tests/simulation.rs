@@ -12,13 +12,17 @@
 //!   400 ms pause of a 600 ms lease), during which neither its driver nor its workers run;
 //! * a **lock service** with a *hard* TTL kept on its *own* clock, running fast or slow
 //!   against real time within the configured drift bound; a strictly increasing fence;
-//!   renew and release compare the owner token (owner + term); external deletions
+//!   renew and release compare the owner token (owner + term) — in half the seeds the
+//!   renewal compares the fence the client holds as well; external deletions
 //!   ("revoked") pushed to the holder; answers that are errors or that shrink the TTL;
 //! * a **network** that delays, drops, duplicates and reorders requests and responses;
 //! * **workers** that `check` the gate and send a write with its fence to **storage**
 //!   behind a [`FenceGate`], sometimes stalling between the check and the write.
 //!
-//! Invariants are checked after every step; see [`Sim::check_invariants`]. A failing
+//! Invariants are checked after every step; see [`Sim::check_invariants`], and
+//! [`Sim::check_pass`] for (a) exactly. Owner-compare alone cannot tell two grants of
+//! one term apart; the timelines `owner_compare_alone_…` and `comparing_the_fence_…`
+//! show what that allows and how comparing the fence cures it. A failing
 //! seed is replayed with a trace and printed. Replay one seed:
 //!
 //! ```text
@@ -200,6 +204,15 @@ enum Reacquire {
     Regrant,
 }
 
+/// What a renewal must match at the service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Compare {
+    /// The owner token, owner + term (DESIGN §4; Redis compare-and-PEXPIRE on the value).
+    Owner,
+    /// The owner token and the fence the client holds (the driver sends `lease.fence()`).
+    OwnerAndFence,
+}
+
 /// What each client's worker does.
 #[derive(Clone, Copy, Debug)]
 struct Workers {
@@ -246,6 +259,7 @@ struct Scenario {
     fence_step: u64,
     ttl_policy: TtlPolicy,
     reacquire: Reacquire,
+    renew_compare: Compare,
     /// The network while faults are on.
     net: Net,
     /// The network once they stop (and of scripted runs).
@@ -270,6 +284,7 @@ impl Scenario {
             fence_step: 1,
             ttl_policy: TtlPolicy::AsAsked,
             reacquire: Reacquire::Refuse,
+            renew_compare: Compare::Owner,
             net: Net::calm((ms(5), ms(5))),
             calm_net: Net::calm((ms(5), ms(5))),
             workers: None,
@@ -381,6 +396,7 @@ impl Scenario {
             fence_step: rng.pick(&[1, 1, 5]),
             ttl_policy,
             reacquire: rng.pick(&[Reacquire::Refuse, Reacquire::Regrant]),
+            renew_compare: rng.pick(&[Compare::Owner, Compare::OwnerAndFence]),
             net,
             calm_net: Net {
                 instant_ppm,
@@ -395,6 +411,11 @@ impl Scenario {
     fn one_way(mut self, lo: Duration, hi: Duration) -> Scenario {
         self.net.delay = (lo, hi);
         self.calm_net.delay = (lo, hi);
+        self
+    }
+
+    fn renew_compare(mut self, compare: Compare) -> Scenario {
+        self.renew_compare = compare;
         self
     }
 
@@ -476,6 +497,8 @@ struct Request {
     term: Term,
     kind: Kind,
     ttl: Duration,
+    /// The fence the client holds when it sends this (zero if none).
+    fence: Fence,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -492,6 +515,9 @@ impl fmt::Display for Request {
         write!(f, "{:?} #{} term {}", self.kind, self.id.0, self.term.0)?;
         if self.kind != Kind::Release {
             write!(f, " ttl {}", self.ttl)?;
+        }
+        if self.kind == Kind::Renew {
+            write!(f, " holding {}", self.fence)?;
         }
         Ok(())
     }
@@ -539,6 +565,7 @@ struct Service {
     fence_step: u64,
     ttl_policy: TtlPolicy,
     reacquire: Reacquire,
+    renew_compare: Compare,
     /// Every grant ever made, in fence order.
     grants: Vec<Grant>,
     /// Index of the grant holding the key, unless its hard TTL passed since.
@@ -554,6 +581,7 @@ impl Service {
             fence_step: scn.fence_step,
             ttl_policy: scn.ttl_policy,
             reacquire: scn.reacquire,
+            renew_compare: scn.renew_compare,
             grants: Vec::new(),
             holder: None,
         }
@@ -574,6 +602,15 @@ impl Service {
     fn grant(&self, fence: Fence) -> Option<&Grant> {
         let i = self.grants.binary_search_by_key(&fence, |g| g.fence).ok()?;
         Some(&self.grants[i])
+    }
+
+    /// Until when (real time) the service's hard TTL covers some grant to `token` that
+    /// was not released: the latest expiry among them.
+    fn token_cover(&self, token: OwnerToken) -> Option<Instant> {
+        (self.grants.iter())
+            .filter(|g| g.token == token && g.ended != Some(Ended::Released))
+            .map(|g| self.real_of(g.expiry))
+            .max()
     }
 
     /// The grant holding the key at `now`: the hard TTL is applied here.
@@ -643,7 +680,11 @@ impl Service {
                 Some(_) => Response::Acquire(req.id, AcquireOutcome::HeldByAnother),
             },
             Kind::Renew => match self.holder {
-                Some(h) if self.grants[h].token == token => {
+                Some(h)
+                    if self.grants[h].token == token
+                        && (self.renew_compare == Compare::Owner
+                            || self.grants[h].fence == req.fence) =>
+                {
                     extend(&mut self.grants[h]);
                     Response::Renew(req.id, RenewOutcome::Renewed { ttl })
                 }
@@ -842,6 +883,12 @@ struct Tally {
     regrants: u64,
     revocations: u64,
     liveness_ok: u64,
+    /// Checks that passed after their own grant's hard TTL, covered only by a newer
+    /// grant to the same owner token (owner-compare renewals; see the timelines).
+    stale_fence_holds: u64,
+    /// Runs whose steady holder, once faults stopped, held a fence older than one
+    /// storage had admitted: a holder that can never write.
+    stuck_holders: u64,
 }
 
 impl Tally {
@@ -873,6 +920,8 @@ impl Tally {
             regrants,
             revocations,
             liveness_ok,
+            stale_fence_holds,
+            stuck_holders,
         } = *o;
         self.seeds += seeds;
         self.steps += steps;
@@ -900,6 +949,8 @@ impl Tally {
         self.regrants += regrants;
         self.revocations += revocations;
         self.liveness_ok += liveness_ok;
+        self.stale_fence_holds += stale_fence_holds;
+        self.stuck_holders += stuck_holders;
     }
 }
 
@@ -931,6 +982,7 @@ struct Sim {
     /// Scripted runs keep everything for assertions.
     record: bool,
     events: Vec<(Who, Instant, Event)>,
+    sent: Vec<(Who, Request)>,
     checks: Vec<Checked>,
     landed: Vec<Landed>,
     trace: Option<VecDeque<String>>,
@@ -982,6 +1034,7 @@ impl Sim {
             timer_burst: (Instant::ZERO, 0, 0),
             tally: Tally::default(),
             events: Vec::new(),
+            sent: Vec::new(),
             checks: Vec::new(),
             landed: Vec::new(),
             trace: trace.then(VecDeque::new),
@@ -1091,6 +1144,19 @@ impl Sim {
         self.partitions.push((who, from, until));
     }
 
+    /// A copy of request `id` that `who` sent earlier reaches the service at `when`
+    /// (a duplicate the network held back).
+    #[track_caller]
+    fn deliver_again(&mut self, who: Who, id: u64, when: Instant) {
+        self.at_or_after_now(when);
+        let sent = self
+            .sent
+            .iter()
+            .find(|(w, r)| *w == who && r.id == RequestId(id));
+        let &(_, req) = sent.expect("no such request was sent");
+        self.schedule(when, Happening::ToService { from: who, req });
+    }
+
     /// The key is deleted behind its holder's back at `when`; the holder is told.
     #[track_caller]
     fn revoke(&mut self, when: Instant) {
@@ -1134,7 +1200,8 @@ impl Sim {
     fn check(&mut self, who: Who) -> Result<Fence, GateError> {
         let result = self.clients[who].gate.check(self.local(who));
         if let Ok(fence) = result {
-            self.check_pass(who, fence, "a scripted check");
+            let stale = self.check_pass(who, fence, "a scripted check");
+            self.tally.stale_fence_holds += u64::from(stale);
         }
         result
     }
@@ -1514,12 +1581,17 @@ impl Sim {
                     name(who)
                 );
             }
+            let fence = self.clients[who].lease.fence().unwrap_or(Fence(0));
             let req = Request {
                 id,
                 term,
                 kind,
                 ttl,
+                fence,
             };
+            if self.record {
+                self.sent.push((who, req));
+            }
             self.note(|| format!("{} sends {req}", name(who)));
             self.transmit(who, Happening::ToService { from: who, req });
         }
@@ -1657,7 +1729,8 @@ impl Sim {
     fn checked(&mut self, who: Who, by: By, result: Result<Fence, GateError>) {
         match result {
             Ok(fence) => {
-                self.check_pass(who, fence, "a worker");
+                let stale = self.check_pass(who, fence, "a worker");
+                self.tally.stale_fence_holds += u64::from(stale);
                 self.tally.checks_passed += 1;
             }
             Err(GateError::DeadlinePassed { .. }) => {
@@ -1774,10 +1847,17 @@ impl Sim {
     // ----- invariants -----
 
     /// Invariant (a): a check that passes at real time `now` returns the fence of a
-    /// grant the service made to this very client and term, and the service's hard TTL
-    /// of that grant has not run out (its expiry mapped back to real time exactly).
+    /// grant the service made to this very client and term (never released), and the
+    /// service's hard TTL (its expiry mapped back to real time exactly) has not run out:
+    ///
+    /// * that grant's own TTL, and then the key's holder is that grant unless it was
+    ///   deleted from outside (whose notice may still be on its way: the fence gate's
+    ///   case); and when renewals compare the fence too, nothing less will do;
+    /// * or, when renewals compare only the owner token, the TTL of a newer grant to the
+    ///   same owner token, which those renewals extend: the service cannot tell two
+    ///   grants of one term apart (see the timelines). Returns true in that case.
     #[track_caller]
-    fn check_pass(&self, who: Who, fence: Fence, by: &str) {
+    fn check_pass(&self, who: Who, fence: Fence, by: &str) -> bool {
         let c = &self.clients[who];
         let n = name(who);
         let lease = &c.lease;
@@ -1793,9 +1873,9 @@ impl Sim {
         );
         let grant = (self.service.grant(fence))
             .unwrap_or_else(|| panic!("(a) {by} of {n} passed with {fence}: never granted"));
+        let token = c.owner.token(lease.term());
         assert_eq!(
-            grant.token,
-            c.owner.token(lease.term()),
+            grant.token, token,
             "(a) {by} of {n} passed with {fence}, granted to another owner or term"
         );
         assert_ne!(
@@ -1804,8 +1884,23 @@ impl Sim {
             "(a) {by} of {n} passed with {fence}, which was released"
         );
         let expiry = self.service.real_of(grant.expiry);
+        if self.now < expiry {
+            debug_assert!(self.service.clock(self.now) < grant.expiry);
+            if grant.ended.is_none() {
+                let holder = self.service.live_holder(self.now);
+                assert_eq!(
+                    holder.map(|h| self.service.grants[h].fence),
+                    Some(fence),
+                    "(a) {by} of {n} passed with {fence}, not the key's holder"
+                );
+            }
+            return false;
+        }
+        let cover = self.service.token_cover(token);
+        let covered =
+            self.scn.renew_compare == Compare::Owner && cover.is_some_and(|until| self.now < until);
         assert!(
-            self.now < expiry,
+            covered,
             "(a) {by} of {n} passed check at {} (its clock: {}) with {fence}, but the \
              service's hard TTL ended that lease at {expiry} (service clock {} ≥ expiry {})",
             self.now,
@@ -1813,34 +1908,31 @@ impl Sim {
             self.service.clock(self.now),
             grant.expiry,
         );
-        debug_assert!(self.service.clock(self.now) < grant.expiry);
-        if grant.ended.is_none() {
-            let holder = self.service.live_holder(self.now);
-            assert_eq!(
-                holder.map(|h| self.service.grants[h].fence),
-                Some(fence),
-                "(a) {by} of {n} passed with {fence}, not the key's holder"
-            );
-        }
+        true
     }
 
     /// Rule 1 against the service: a safe deadline is never later than the real moment
-    /// the service's hard TTL ends the grant.
+    /// the service's hard TTL ends the grant (or, with owner-compare renewals, the
+    /// newest grant to the same owner token, as in [`Sim::check_pass`]).
     #[track_caller]
     fn assert_deadline_is_safe(&self, who: Who, fence: Fence, deadline: Instant, what: &str) {
         let c = &self.clients[who];
         let grant = (self.service.grant(fence))
             .unwrap_or_else(|| panic!("{what}: {} holds {fence}, never granted", name(who)));
+        let token = c.owner.token(c.lease.term());
         assert_eq!(
             grant.token,
-            c.owner.token(c.lease.term()),
+            token,
             "{what}: {} holds {fence}, granted to another owner or term",
             name(who)
         );
         let real_deadline = deadline - c.origin;
         let expiry = self.service.real_of(grant.expiry);
+        let covered = real_deadline <= expiry
+            || (self.scn.renew_compare == Compare::Owner
+                && (self.service.token_cover(token)).is_some_and(|until| real_deadline <= until));
         assert!(
-            real_deadline <= expiry,
+            covered,
             "{what}: {}'s safe deadline {real_deadline} (real) outlives the service's \
              expiry {expiry} of {fence}",
             name(who),
@@ -1871,7 +1963,9 @@ impl Sim {
         // (a) the gate, as a worker running right now would see it.
         let gate = c.gate.check(local);
         match gate {
-            Ok(fence) => self.check_pass(who, fence, "the gate"),
+            Ok(fence) => {
+                self.check_pass(who, fence, "the gate");
+            }
             Err(err) => {
                 let open = matches!(state, State::Holding | State::RenewPending)
                     && !lease.writes_paused()
@@ -1952,6 +2046,14 @@ impl Sim {
             (Some((who, fence)), None, Some((w, f, since))) if (who, fence) == (w, f) => {
                 if now - since >= steady {
                     self.done = true;
+                    // And its writes can land: no newer fence reached storage before.
+                    let stuck = self.storage.newest().is_some_and(|newest| fence < newest);
+                    assert!(
+                        !stuck || self.scn.renew_compare == Compare::Owner,
+                        "liveness: {} holds {fence}, older than storage's newest",
+                        name(who)
+                    );
+                    self.tally.stuck_holders += u64::from(stuck);
                 }
             }
             (Some((who, fence)), None, _) => quiet.holder = Some((who, fence, now)),
@@ -2181,6 +2283,57 @@ fn a_release_closes_the_gate_at_once_and_frees_the_key_for_the_next_holder() {
     assert_eq!(sim.state(A), State::Released);
     let new = assert_holds(&mut sim, B);
     assert!(new > old);
+}
+
+/// A's key is deleted from outside and the notice is lost; B takes the key, writes and
+/// lets go; then a duplicate of A's old acquire, held back by the network, reaches the
+/// service, which grants the free key — with a new fence — to A's very owner token.
+fn a_deleted_grant_revived_by_a_late_duplicate(compare: Compare) -> (Sim, Fence, Fence) {
+    let mut sim = Sim::scripted(Scenario::calm(lesson(), 2).renew_compare(compare));
+    sim.acquire(A, at(ms(0)));
+    sim.run_until(at(ms(50)));
+    let old = assert_holds(&mut sim, A);
+    sim.partition(A, at(ms(100)), at(ms(101))); // the deletion notice is lost
+    sim.revoke(at(ms(100)));
+    sim.acquire(B, at(ms(110)));
+    sim.write(B, at(ms(150)), ms(1));
+    sim.release(B, at(ms(160)));
+    sim.run_until(at(ms(165)));
+    let newer = sim.landed_from(B)[0].1;
+    sim.deliver_again(A, 1, at(ms(170))); // A's acquire #1 once more: granted again
+    (sim, old, newer)
+}
+
+/// Owner-compare alone (owner + term, DESIGN §4) cannot tell two grants of one term
+/// apart: A's renewals extend the revived grant, so A keeps its lease and its gate
+/// passes with its *old* fence long after that grant's hard TTL ended (605 ms) — while
+/// storage, having seen B's newer fence, refuses every write of A's: a holder that can
+/// never write. Storage stays safe (the fence gate); the lock is wasted.
+#[test]
+fn owner_compare_alone_lets_a_late_duplicate_acquire_revive_a_deleted_grant() {
+    let (mut sim, old, newer) = a_deleted_grant_revived_by_a_late_duplicate(Compare::Owner);
+    sim.write(A, at(ms(1_000)), ms(1));
+    sim.run_until(at(ms(1_100)));
+    assert_eq!(assert_holds(&mut sim, A), old);
+    assert!(sim.tally.stale_fence_holds > 0);
+    let refused = Err(StaleFence {
+        presented: old,
+        newest: newer,
+    });
+    assert_eq!(sim.landed_from(A), [(at(ms(1_001)), old, refused)]);
+}
+
+/// The cure needs no change to the core: the renewal presents the fence the client
+/// holds (`lease.fence()`), the service compares it too, and the revived grant is not
+/// the client's: "not owner", at A's next renewal.
+#[test]
+fn comparing_the_fence_on_renew_ends_a_revived_grant_at_the_next_renewal() {
+    let compare = Compare::OwnerAndFence;
+    let (mut sim, old, _) = a_deleted_grant_revived_by_a_late_duplicate(compare);
+    sim.run_until(at(ms(209)));
+    assert_eq!(assert_holds(&mut sim, A), old);
+    sim.run_until(at(ms(210)));
+    assert_lost(&sim, A, LossReason::NotOwner);
 }
 
 /// (c) Without faults, a lone client keeps its lease: not one loss, not one failed
