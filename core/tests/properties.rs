@@ -511,7 +511,7 @@ fn config_with_cases(default: u32) -> ProptestConfig {
 }
 
 proptest! {
-    #![proptest_config(config_with_cases(1_500))]
+    #![proptest_config(config_with_cases(1_000))]
 
     #[test]
     fn any_sequence_of_inputs_keeps_every_promise(
@@ -550,7 +550,7 @@ fn orderly_op() -> impl Strategy<Value = (When, Op)> {
 }
 
 proptest! {
-    #![proptest_config(config_with_cases(1_000))]
+    #![proptest_config(config_with_cases(700))]
 
     #[test]
     fn orderly_sequences_keep_every_promise(
