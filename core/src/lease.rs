@@ -425,8 +425,11 @@ impl Lease {
         if self.expire_if_due(now, gate) {
             return;
         }
+        // `Instant::MAX` means "never" here as in `poll_timeout`, even at `now == MAX`:
+        // a timer that saturated there must not fire on every call.
+        let due = |at: Instant| at != Instant::MAX && now >= at;
         if let Some(kind) = self.in_flight {
-            if now >= self.sent_at.saturating_add(self.config.request_timeout()) {
+            if due(self.sent_at.saturating_add(self.config.request_timeout())) {
                 self.in_flight = None;
                 self.action_pending = false;
                 match kind {
@@ -439,7 +442,7 @@ impl Lease {
                 }
             }
         }
-        if self.in_flight.is_none() && now >= self.next_send {
+        if self.in_flight.is_none() && due(self.next_send) {
             match self.state {
                 State::Acquiring => self.send(RequestKind::Acquire, now),
                 State::Holding | State::RenewPending => {

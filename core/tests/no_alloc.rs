@@ -1,0 +1,186 @@
+//! The lease never allocates: a whole life of a [`Lease`] — many terms of acquiring,
+//! renewing, failing, retrying, losing in every way and releasing, with the gate
+//! checked throughout — runs under a counting global allocator and makes zero heap
+//! allocations.
+//!
+//! The allocator is `allocation-counter`'s `#[global_allocator]`, linked into this test
+//! binary only. It counts per thread and only inside `measure`, so the test harness's
+//! own allocations (other threads, output capture) never count. (The workspace forbids
+//! `unsafe` code everywhere, so this file cannot implement `GlobalAlloc` itself.)
+
+use allocation_counter::measure;
+use leasehold::{
+    AcquireOutcome, Action, Config, Duration, Event, Fence, FenceGate, Indeterminate, Instant,
+    Lease, LossReason, Owner, ReleaseOutcome, RenewOutcome, RequestId, State, WriteGate,
+};
+
+const fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// The request the lease just asked for; panics (allocating, but only on failure) if
+/// there is none.
+#[track_caller]
+fn sent(lease: &mut Lease) -> Action {
+    let action = lease.poll_action();
+    assert!(lease.poll_action().is_none());
+    action.unwrap()
+}
+
+#[track_caller]
+fn event(lease: &mut Lease) -> Event {
+    let event = lease.poll_event();
+    assert!(lease.poll_event().is_none());
+    event.unwrap()
+}
+
+/// Acquires a new term at `t` with `fence`: the grant answers 5 ms later.
+#[track_caller]
+fn acquire(lease: &mut Lease, gate: &WriteGate, t: Instant, fence: Fence) {
+    lease.acquire(t, gate).unwrap();
+    let id = sent(lease).id();
+    let ttl = lease.config().ttl();
+    let granted = AcquireOutcome::Granted { fence, ttl };
+    lease
+        .handle_acquire_response(t + ms(5), id, granted, gate)
+        .unwrap();
+    assert!(matches!(event(lease), Event::Acquired { .. }));
+    assert_eq!(gate.check(t + ms(6)), Ok(fence));
+}
+
+/// Renews at the lease's own timer, the answer arriving 5 ms later; the renew time.
+#[track_caller]
+fn renew(lease: &mut Lease, gate: &WriteGate, outcome: RenewOutcome) -> Instant {
+    let t = lease.poll_timeout().unwrap();
+    lease.handle_timeout(t, gate);
+    let id = sent(lease).id();
+    lease
+        .handle_renew_response(t + ms(5), id, outcome, gate)
+        .unwrap();
+    t
+}
+
+/// One life of a lease: every kind of term, `terms` times over.
+fn lifetime(config: Config, terms: u64) {
+    let gate = WriteGate::new();
+    let mut lease = Lease::new(config);
+    let mut storage = FenceGate::new();
+    let owner = Owner([7; 16]);
+    let mut t = Instant::ZERO;
+    let renewed = RenewOutcome::Renewed { ttl: config.ttl() };
+    for n in 0..terms {
+        let fence = Fence(n + 1);
+        acquire(&mut lease, &gate, t, fence);
+        // Drivers render the owner token for text protocols: no allocation either.
+        assert!(owner.token(lease.term()).encode().as_bytes().len() > 32);
+
+        // A few confirmed renewals, a write after each.
+        for _ in 0..5 {
+            let at = renew(&mut lease, &gate, renewed);
+            assert!(matches!(event(&mut lease), Event::Renewed { .. }));
+            assert_eq!(gate.check(at + ms(6)), Ok(fence));
+            assert!(storage.admit(gate.check(at + ms(6)).unwrap()).is_ok());
+        }
+        // A blip: the renewal times out, is retried inside the budget, succeeds.
+        let at = lease.poll_timeout().unwrap();
+        lease.handle_timeout(at, &gate);
+        let lost_id = sent(&mut lease).id();
+        let timeout = lease.poll_timeout().unwrap();
+        lease.handle_timeout(timeout, &gate);
+        assert!(matches!(event(&mut lease), Event::RenewFailed { .. }));
+        let late = RenewOutcome::Renewed { ttl: config.ttl() };
+        assert!(lease
+            .handle_renew_response(timeout, lost_id, late, &gate)
+            .is_err());
+        renew(&mut lease, &gate, renewed);
+        assert!(matches!(event(&mut lease), Event::Renewed { .. }));
+        // An indeterminate answer, then a stale duplicate, then another success.
+        let why = RenewOutcome::Indeterminate(Indeterminate::Service);
+        renew(&mut lease, &gate, why);
+        assert!(matches!(event(&mut lease), Event::RenewFailed { .. }));
+        let stale = lease.handle_renew_response(t, RequestId(0), renewed, &gate);
+        assert!(stale.is_err());
+        renew(&mut lease, &gate, renewed);
+        assert!(matches!(event(&mut lease), Event::Renewed { .. }));
+
+        // End the term, each way in turn.
+        match n % 5 {
+            0 => {
+                lease.release(lease.now(), &gate).unwrap();
+                let id = sent(&mut lease).id();
+                let done = ReleaseOutcome::Released;
+                lease
+                    .handle_release_response(lease.now() + ms(5), id, done, &gate)
+                    .unwrap();
+                assert_eq!(event(&mut lease), Event::Released);
+            }
+            1 => {
+                renew(&mut lease, &gate, RenewOutcome::NotOwner);
+                let lost = Event::Lost {
+                    reason: LossReason::NotOwner,
+                };
+                assert_eq!(event(&mut lease), lost);
+            }
+            2 => {
+                // No answer ever again: the deadline passes.
+                while matches!(lease.state(), State::Holding | State::RenewPending) {
+                    let at = lease.poll_timeout().unwrap();
+                    lease.handle_timeout(at, &gate);
+                    while lease.poll_action().is_some() {}
+                    while lease.poll_event().is_some() {}
+                }
+                assert_eq!(lease.state(), State::Lost(LossReason::Expired));
+            }
+            3 => {
+                lease.handle_revoked(lease.now(), fence, &gate).unwrap();
+                let lost = Event::Lost {
+                    reason: LossReason::Revoked,
+                };
+                assert_eq!(event(&mut lease), lost);
+            }
+            _ => {
+                // Granted, but ending before the lease it replaces.
+                let half = config.ttl().checked_div(2).unwrap();
+                renew(&mut lease, &gate, RenewOutcome::Renewed { ttl: half });
+                let lost = Event::Lost {
+                    reason: LossReason::Shortened,
+                };
+                assert_eq!(event(&mut lease), lost);
+            }
+        }
+        while lease.poll_action().is_some() {}
+        assert!(gate.check(lease.now()).is_err());
+        assert!(
+            storage.admit(Fence(n)).is_err(),
+            "an older fence is refused"
+        );
+        t = lease.now() + config.ttl();
+    }
+    assert!(lease.stats().stale_responses >= terms as u32 * 2);
+}
+
+#[test]
+fn the_counter_is_installed_and_counts_this_thread() {
+    // Without this, a zero below could mean "not measured".
+    let info = measure(|| {
+        std::hint::black_box(Box::new(7u64));
+    });
+    assert_eq!(info.count_total, 1);
+}
+
+#[test]
+fn a_full_lifetime_of_a_lease_makes_no_heap_allocation() {
+    let lesson = Config::builder(ms(600));
+    for config in [
+        lesson.build().unwrap(),
+        lesson.fail_closed(true).build().unwrap(),
+        Config::builder(ms(3_000))
+            .drift_ppm(20_000)
+            .build()
+            .unwrap(),
+    ] {
+        let info = measure(|| lifetime(config, 100));
+        assert_eq!(info.count_total, 0, "{config:?}: {info:?}");
+        assert_eq!(info.bytes_total, 0);
+    }
+}

@@ -1,0 +1,598 @@
+//! Property tests: arbitrary sequences of inputs — current, old and made-up request ids,
+//! any outcome (zero and huge TTLs and fences), revocations of any fence, `now` jumping
+//! forwards and backwards — never break the lease's promises:
+//!
+//! * no panic;
+//! * within a term, the lease's deadline and the gate's deadline only move forward;
+//! * `Lost` is absorbing for the term: no `Holding` (nor `Acquired`/`Renewed`) again
+//!   until a new `acquire`; `Released` likewise;
+//! * the gate never passes `check` after the lease reported `Lost`/`Released` in that
+//!   term, and whenever it passes, the lease is held with that fence and deadline;
+//! * a response that is stale for sure (its id or kind is not the newest request's; a
+//!   revocation of a fence not held) is refused with `StaleResponse`, and a refused
+//!   response changes nothing but the stale counter — except what time alone does (a
+//!   deadline reached expires the lease);
+//! * each call yields at most one action and one event; `handle_timeout` twice at the
+//!   same instant is the same as once.
+//!
+//! `PROPTEST_CASES` raises the number of cases.
+
+use leasehold::{
+    AcquireOutcome, Action, Config, Duration, Event, Fence, GateSnapshot, GateStatus,
+    Indeterminate, Instant, Lease, LossReason, ReleaseOutcome, RenewOutcome, RequestId, State,
+    Term, WriteGate,
+};
+use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
+
+/// Which request id a response carries.
+#[derive(Clone, Copy, Debug)]
+enum Id {
+    /// The newest request's id (the one in flight, if any).
+    Current,
+    /// The id of the request sent `n` requests before the newest.
+    Old(usize),
+    Any(u64),
+}
+
+/// The `now` an input carries, relative to the previous one.
+#[derive(Clone, Copy, Debug)]
+enum When {
+    Same,
+    Forward(u64),
+    Back(u64),
+    /// Exactly the lease's `poll_timeout`, or one microsecond either side of it.
+    NextTimeout(i8),
+    At(u64),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Acquire,
+    Release,
+    Timeout,
+    AcquireResponse(Id, AcquireOutcome),
+    RenewResponse(Id, RenewOutcome),
+    ReleaseResponse(Id, ReleaseOutcome),
+    /// A revocation notice for this fence; `None`: the fence currently held.
+    Revoked(Option<Fence>),
+    /// The answer to the newest request, of its kind, with its id.
+    Answer(Answer),
+}
+
+/// One outcome of each kind; [`Op::Answer`] uses the one the newest request expects.
+#[derive(Clone, Copy, Debug)]
+struct Answer {
+    acquire: AcquireOutcome,
+    renew: RenewOutcome,
+    release: ReleaseOutcome,
+}
+
+fn indeterminate() -> impl Strategy<Value = Indeterminate> {
+    prop_oneof![
+        Just(Indeterminate::Timeout),
+        Just(Indeterminate::Transport),
+        Just(Indeterminate::Protocol),
+        Just(Indeterminate::Service),
+        Just(Indeterminate::LateSuccess),
+    ]
+}
+
+fn ttl() -> impl Strategy<Value = Duration> + Clone {
+    prop_oneof![Just(0), Just(u64::MAX), 0u64..20_000_000, any::<u64>(),]
+        .prop_map(Duration::from_micros)
+}
+
+fn fence() -> impl Strategy<Value = Fence> {
+    prop_oneof![Just(0), Just(u64::MAX), 0u64..8, any::<u64>()].prop_map(Fence)
+}
+
+fn id() -> impl Strategy<Value = Id> {
+    prop_oneof![
+        4 => Just(Id::Current),
+        2 => (0usize..4).prop_map(Id::Old),
+        1 => any::<u64>().prop_map(Id::Any),
+    ]
+}
+
+fn when() -> impl Strategy<Value = When> {
+    prop_oneof![
+        2 => Just(When::Same),
+        6 => (0u64..2_000_000).prop_map(When::Forward),
+        2 => (0u64..2_000_000).prop_map(When::Back),
+        6 => (-1i8..=1).prop_map(When::NextTimeout),
+        1 => prop_oneof![Just(0), Just(u64::MAX), any::<u64>()].prop_map(When::At),
+    ]
+}
+
+fn acquired(ttl: impl Strategy<Value = Duration>) -> impl Strategy<Value = AcquireOutcome> {
+    prop_oneof![
+        3 => (fence(), ttl).prop_map(|(fence, ttl)| AcquireOutcome::Granted { fence, ttl }),
+        1 => Just(AcquireOutcome::HeldByAnother),
+        1 => indeterminate().prop_map(AcquireOutcome::Indeterminate),
+    ]
+}
+
+fn renewed(ttl: impl Strategy<Value = Duration>) -> impl Strategy<Value = RenewOutcome> {
+    prop_oneof![
+        6 => ttl.prop_map(|ttl| RenewOutcome::Renewed { ttl }),
+        1 => Just(RenewOutcome::NotOwner),
+        2 => indeterminate().prop_map(RenewOutcome::Indeterminate),
+    ]
+}
+
+fn released() -> impl Strategy<Value = ReleaseOutcome> {
+    prop_oneof![
+        Just(ReleaseOutcome::Released),
+        Just(ReleaseOutcome::NotOwner),
+        indeterminate().prop_map(ReleaseOutcome::Indeterminate),
+    ]
+}
+
+fn answer(ttl: impl Strategy<Value = Duration> + Clone) -> impl Strategy<Value = Op> {
+    (acquired(ttl.clone()), renewed(ttl), released()).prop_map(|(acquire, renew, release)| {
+        Op::Answer(Answer {
+            acquire,
+            renew,
+            release,
+        })
+    })
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        2 => Just(Op::Acquire),
+        1 => Just(Op::Release),
+        4 => Just(Op::Timeout),
+        2 => (id(), acquired(ttl())).prop_map(|(id, o)| Op::AcquireResponse(id, o)),
+        2 => (id(), renewed(ttl())).prop_map(|(id, o)| Op::RenewResponse(id, o)),
+        1 => (id(), released()).prop_map(|(id, o)| Op::ReleaseResponse(id, o)),
+        1 => prop::option::of(fence()).prop_map(Op::Revoked),
+        6 => answer(ttl()),
+    ]
+}
+
+fn config() -> impl Strategy<Value = Config> {
+    let lesson = Config::builder(Duration::from_millis(600));
+    let random = (
+        1_000u64..10_000_000,
+        (10u64..45, 1u64..30, 1u64..30, 0u64..20),
+        prop_oneof![Just(0u32), Just(1_000), Just(20_000), 0u32..200_000],
+        any::<bool>(),
+    )
+        .prop_filter_map("a valid config", |(t, (r, q, y, m), drift, closed)| {
+            let part = |pct: u64| Duration::from_micros(t * pct / 100);
+            Config::builder(Duration::from_micros(t))
+                .renew_interval(part(r))
+                .request_timeout(part(q))
+                .retry_interval(part(y))
+                .margin(part(m))
+                .drift_ppm(drift)
+                .fail_closed(closed)
+                .build()
+                .ok()
+        });
+    prop_oneof![
+        Just(lesson.build().unwrap()),
+        Just(lesson.fail_closed(true).build().unwrap()),
+        random,
+    ]
+}
+
+/// Everything observable about a lease and its gate, but the stale counter.
+#[derive(Clone, Debug, PartialEq)]
+struct Observed {
+    state: State,
+    term: Term,
+    fence: Option<Fence>,
+    deadline: Option<Instant>,
+    timeout: Option<Instant>,
+    paused: bool,
+    gate: GateSnapshot,
+}
+
+struct Harness {
+    lease: Lease,
+    gate: WriteGate,
+    /// The `now` of the latest input (it may go backwards).
+    now: Instant,
+    /// The latest `now` ever passed.
+    latest: Instant,
+    /// Ids of every request the lease asked to send, in order.
+    ids: Vec<RequestId>,
+    last_action: Option<Action>,
+    term: Term,
+    last_deadline: Option<Instant>,
+    last_gate_deadline: Option<Instant>,
+    /// The state that ended the current term, once it ended.
+    closed: Option<State>,
+}
+
+impl Harness {
+    fn observe(&self) -> Observed {
+        Observed {
+            state: self.lease.state(),
+            term: self.lease.term(),
+            fence: self.lease.fence(),
+            deadline: self.lease.deadline(),
+            timeout: self.lease.poll_timeout(),
+            paused: self.lease.writes_paused(),
+            gate: self.gate.snapshot().unwrap(),
+        }
+    }
+
+    fn advance(&mut self, when: When) {
+        let micros = self.now.as_micros();
+        self.now = Instant::from_micros(match when {
+            When::Same => micros,
+            When::Forward(d) => micros.saturating_add(d),
+            When::Back(d) => micros.saturating_sub(d),
+            When::NextTimeout(nudge) => match self.lease.poll_timeout() {
+                Some(t) => t.as_micros().saturating_add_signed(i64::from(nudge)),
+                None => micros,
+            },
+            When::At(t) => t,
+        });
+        self.latest = self.latest.max(self.now);
+    }
+
+    fn id(&self, id: Id) -> RequestId {
+        match id {
+            Id::Current => self.ids.last().copied().unwrap_or(RequestId(0)),
+            Id::Old(back) => (self.ids.iter().rev().nth(back + 1).copied()).unwrap_or(RequestId(0)),
+            Id::Any(n) => RequestId(n),
+        }
+    }
+
+    /// Whether an answer to request `id` of this kind is stale for sure, whatever
+    /// happened inside the lease: it is not the newest request, or not of its kind.
+    fn surely_stale(&self, id: RequestId, kind: fn(&Action) -> bool) -> bool {
+        self.last_action
+            .map_or(true, |last| last.id() != id || !kind(&last))
+    }
+
+    /// Applies `op`: whether the lease refused it as stale, and whether it had to.
+    fn apply(&mut self, op: Op) -> (bool, bool) {
+        let (now, gate) = (self.now, &self.gate);
+        let is_acquire = |a: &Action| matches!(a, Action::Acquire { .. });
+        let is_renew = |a: &Action| matches!(a, Action::Renew { .. });
+        let is_release = |a: &Action| matches!(a, Action::Release { .. });
+        match op {
+            Op::Acquire => {
+                let _ = self.lease.acquire(now, gate);
+                (false, false)
+            }
+            Op::Release => {
+                let _ = self.lease.release(now, gate);
+                (false, false)
+            }
+            Op::Timeout => {
+                self.lease.handle_timeout(now, gate);
+                (false, false)
+            }
+            Op::AcquireResponse(id, o) => {
+                let id = self.id(id);
+                let must = self.surely_stale(id, is_acquire);
+                let refused = self.lease.handle_acquire_response(now, id, o, gate);
+                (refused.is_err(), must)
+            }
+            Op::RenewResponse(id, o) => {
+                let id = self.id(id);
+                let must = self.surely_stale(id, is_renew);
+                let refused = self.lease.handle_renew_response(now, id, o, gate);
+                (refused.is_err(), must)
+            }
+            Op::ReleaseResponse(id, o) => {
+                let id = self.id(id);
+                let must = self.surely_stale(id, is_release);
+                let refused = self.lease.handle_release_response(now, id, o, gate);
+                (refused.is_err(), must)
+            }
+            Op::Revoked(fence) => {
+                let held = self.lease.fence();
+                let fence = fence.or(held).unwrap_or(Fence(0));
+                // Unless time alone expires the lease first, a notice about a fence
+                // other than the one held is stale.
+                let due = (self.lease.deadline()).is_some_and(|d| self.lease.now().max(now) >= d);
+                let must = !due && held != Some(fence);
+                let refused = self.lease.handle_revoked(now, fence, gate);
+                (refused.is_err(), must)
+            }
+            Op::Answer(a) => {
+                let refused = match self.last_action {
+                    Some(Action::Acquire { id, .. }) => {
+                        (self.lease).handle_acquire_response(now, id, a.acquire, gate)
+                    }
+                    Some(Action::Renew { id, .. }) => {
+                        (self.lease).handle_renew_response(now, id, a.renew, gate)
+                    }
+                    Some(Action::Release { id, .. }) => {
+                        (self.lease).handle_release_response(now, id, a.release, gate)
+                    }
+                    // An answer to nothing at all.
+                    None => {
+                        (self.lease).handle_acquire_response(now, RequestId(0), a.acquire, gate)
+                    }
+                };
+                (refused.is_err(), self.last_action.is_none())
+            }
+        }
+    }
+
+    /// The driving contract: drain every output.
+    fn drain(&mut self) -> (Vec<Action>, Vec<Event>) {
+        let mut actions = Vec::new();
+        while let Some(action) = self.lease.poll_action() {
+            self.ids.push(action.id());
+            self.last_action = Some(action);
+            actions.push(action);
+        }
+        let mut events = Vec::new();
+        while let Some(event) = self.lease.poll_event() {
+            events.push(event);
+        }
+        (actions, events)
+    }
+
+    /// What must hold after every input.
+    fn check(&mut self, events: &[Event]) -> Result<(), TestCaseError> {
+        let seen = self.observe();
+        let lease = &self.lease;
+        prop_assert_eq!(lease.now(), self.latest, "time never goes backwards inside");
+        prop_assert_eq!(lease.stats().overwritten_events, 0);
+        prop_assert_eq!(seen.gate.term, seen.term.0 & 0x0fff_ffff);
+        let held = matches!(seen.state, State::Holding | State::RenewPending);
+        prop_assert_eq!(seen.fence.is_some(), held);
+        prop_assert_eq!(seen.deadline.is_some(), held);
+
+        if seen.term != self.term {
+            self.term = seen.term;
+            self.last_deadline = None;
+            self.last_gate_deadline = None;
+            self.closed = None;
+        }
+        // Deadlines only move forward within a term.
+        if let Some(deadline) = seen.deadline {
+            if let Some(previous) = self.last_deadline {
+                prop_assert!(deadline >= previous, "deadline moved back");
+            }
+            self.last_deadline = Some(deadline);
+        }
+        if matches!(seen.gate.status, GateStatus::Held | GateStatus::Paused) {
+            if let Some(previous) = self.last_gate_deadline {
+                prop_assert!(seen.gate.deadline >= previous, "gate deadline moved back");
+            }
+            self.last_gate_deadline = Some(seen.gate.deadline);
+            prop_assert_eq!(Some(seen.gate.deadline), seen.deadline);
+            prop_assert_eq!(Some(seen.gate.fence), seen.fence);
+        }
+
+        // Whenever the gate passes, the lease is held, unpaused, with that fence, and
+        // the instant is before its deadline.
+        let deadline = seen.deadline.unwrap_or(Instant::ZERO);
+        let probes = [
+            Instant::ZERO,
+            self.now,
+            self.latest,
+            deadline.saturating_sub(Duration::from_micros(1)),
+            deadline,
+            Instant::MAX,
+        ];
+        for t in probes {
+            if let Ok(fence) = self.gate.check(t) {
+                prop_assert!(held && !seen.paused, "gate passes while {:?}", seen.state);
+                prop_assert_eq!(Some(fence), seen.fence);
+                prop_assert!(t < deadline, "gate passes at {} ≥ deadline {}", t, deadline);
+            }
+        }
+
+        // A closed term stays closed, and its gate refuses at any instant.
+        if let Some(closed) = self.closed {
+            let fine = match closed {
+                State::Lost(_) | State::Released => seen.state == closed,
+                _ => matches!(seen.state, State::Releasing | State::Released),
+            };
+            prop_assert!(fine, "term closed as {:?}, now {:?}", closed, seen.state);
+            for event in events {
+                let reopened = matches!(event, Event::Acquired { .. } | Event::Renewed { .. });
+                prop_assert!(!reopened, "{:?} in a closed term", event);
+            }
+        }
+        if matches!(
+            seen.state,
+            State::Lost(_) | State::Releasing | State::Released
+        ) {
+            self.closed = Some(seen.state);
+            for t in probes {
+                prop_assert!(
+                    self.gate.check(t).is_err(),
+                    "closed term, gate passes at {}",
+                    t
+                );
+            }
+        }
+        for event in events {
+            match *event {
+                Event::Lost { reason } => {
+                    prop_assert_eq!(seen.state, State::Lost(reason));
+                    prop_assert_eq!(seen.gate.status, GateStatus::Lost(reason));
+                }
+                Event::Released => prop_assert_eq!(seen.gate.status, GateStatus::Released),
+                Event::Acquired { term, fence, .. } => {
+                    prop_assert_eq!(term, seen.term);
+                    prop_assert_eq!(Some(fence), seen.fence);
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
+    let mut h = Harness {
+        lease: Lease::new(config),
+        gate: WriteGate::new(),
+        now: Instant::ZERO,
+        latest: Instant::ZERO,
+        ids: Vec::new(),
+        last_action: None,
+        term: Term(0),
+        last_deadline: None,
+        last_gate_deadline: None,
+        closed: None,
+    };
+    for &(when, op) in steps {
+        h.advance(when);
+        let before = h.observe();
+        let latest_before = h.lease.now();
+        let stale_before = h.lease.stats().stale_responses;
+        let (stale, must) = h.apply(op);
+        prop_assert!(stale || !must, "a stale answer was taken: {:?}", op);
+        let (actions, events) = h.drain();
+        prop_assert!(
+            actions.len() <= 1 && events.len() <= 1,
+            "one output of each kind"
+        );
+        h.check(&events)?;
+
+        let after = h.observe();
+        let stale_after = h.lease.stats().stale_responses;
+        if stale {
+            prop_assert_eq!(stale_after, stale_before.saturating_add(1));
+            // Time alone may expire a held lease: the only change a stale answer may see.
+            let now = latest_before.max(h.now);
+            let expired = before.deadline.is_some_and(|d| now >= d);
+            if expired {
+                prop_assert_eq!(after.state, State::Lost(LossReason::Expired));
+                prop_assert_eq!(
+                    &events,
+                    &[Event::Lost {
+                        reason: LossReason::Expired
+                    }]
+                );
+            } else {
+                prop_assert_eq!(&after, &before, "a stale answer changed the lease");
+                prop_assert!(actions.is_empty() && events.is_empty());
+            }
+        } else {
+            prop_assert_eq!(stale_after, stale_before);
+        }
+
+        if let Op::Timeout = op {
+            // Idempotent: a second call at the same instant changes nothing.
+            h.lease.handle_timeout(h.now, &h.gate);
+            let (actions, events) = h.drain();
+            prop_assert!(
+                actions.is_empty() && events.is_empty(),
+                "{:?}",
+                (actions, events)
+            );
+            prop_assert_eq!(&h.observe(), &after);
+        }
+    }
+    Ok(())
+}
+
+/// `PROPTEST_CASES` cases, or `default` (sized to keep a debug run well under 20 s).
+/// A failing case is saved to `properties.proptest-regressions` beside this file and
+/// replayed first from then on.
+fn config_with_cases(default: u32) -> ProptestConfig {
+    let cases = (std::env::var("PROPTEST_CASES").ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default);
+    ProptestConfig {
+        cases,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions",
+        ))),
+        ..ProptestConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(config_with_cases(1_000))]
+
+    #[test]
+    fn any_sequence_of_inputs_keeps_every_promise(
+        config in config(),
+        steps in prop::collection::vec((when(), op()), 1..80),
+    ) {
+        run(config, &steps)?;
+    }
+}
+
+/// Sequences that mostly follow the protocol (answers to the request in flight, the
+/// TTL asked for, time moving forward) reach what arbitrary ones rarely do: long renew
+/// chains, and answers racing their own deadlines.
+fn orderly_op() -> impl Strategy<Value = (When, Op)> {
+    let ttl = prop_oneof![
+        6 => Just(600_000u64),
+        1 => 0u64..1_200_000,
+    ]
+    .prop_map(Duration::from_micros);
+    let later = prop_oneof![
+        (0u64..50_000).prop_map(When::Forward),
+        (-1i8..=1).prop_map(When::NextTimeout),
+    ];
+    (
+        later,
+        prop_oneof![
+            2 => Just(Op::Acquire),
+            1 => Just(Op::Release),
+            12 => Just(Op::Timeout),
+            24 => answer(ttl),
+            1 => Just(Op::Revoked(None)),
+            2 => (id(), renewed(Just(Duration::from_millis(600))))
+                .prop_map(|(id, o)| Op::RenewResponse(id, o)),
+        ],
+    )
+}
+
+proptest! {
+    #![proptest_config(config_with_cases(700))]
+
+    #[test]
+    fn orderly_sequences_keep_every_promise(
+        steps in prop::collection::vec(orderly_op(), 1..120),
+    ) {
+        run(Config::builder(Duration::from_millis(600)).build().unwrap(), &steps)?;
+    }
+}
+
+/// Found by the properties above: `Instant::MAX` is the lease's "never", and
+/// `poll_timeout` says so, yet `handle_timeout(Instant::MAX)` used to treat a timer that
+/// saturated to it as due — every call timed out the request and sent another.
+#[test]
+fn handle_timeout_at_the_end_of_time_is_idempotent() {
+    let config = Config::builder(Duration::from_millis(600)).build().unwrap();
+    let end = Instant::MAX;
+    let ms = Duration::from_millis;
+    let idle = |lease: &mut Lease, gate: &WriteGate| {
+        for _ in 0..3 {
+            lease.handle_timeout(end, gate);
+            assert_eq!(lease.poll_action(), None);
+            assert_eq!(lease.poll_event(), None);
+        }
+    };
+
+    // A request sent at the end of time: its timeout saturates to "never".
+    let (mut lease, gate) = (Lease::new(config), WriteGate::new());
+    lease.acquire(end, &gate).unwrap();
+    assert!(matches!(lease.poll_action(), Some(Action::Acquire { .. })));
+    assert_eq!(lease.poll_timeout(), None);
+    idle(&mut lease, &gate);
+
+    // A retry that would fall past the end of time is "never" too.
+    let (mut lease, gate) = (Lease::new(config), WriteGate::new());
+    lease.acquire(end - ms(70), &gate).unwrap();
+    assert!(matches!(lease.poll_action(), Some(Action::Acquire { .. })));
+    lease.handle_timeout(end - ms(10), &gate);
+    let failed = Event::AcquireFailed {
+        reason: leasehold::AcquireFailure::Indeterminate(Indeterminate::Timeout),
+        retry_at: Instant::MAX,
+    };
+    assert_eq!(lease.poll_event(), Some(failed));
+    assert_eq!(lease.poll_timeout(), None);
+    idle(&mut lease, &gate);
+}

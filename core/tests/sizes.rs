@@ -1,0 +1,22 @@
+//! The lease is a plain value and the gate a handful of atomics: both stay small enough
+//! for a Cortex-M0's RAM (DESIGN §4: at most 128 and 24 bytes). `cargo bench --bench
+//! renew_cycle` prints the exact figures.
+
+use std::mem::size_of;
+
+use leasehold::{Lease, WriteGate};
+
+#[test]
+fn a_lease_fits_in_128_bytes() {
+    let size = size_of::<Lease>();
+    assert!(size <= 128, "size_of::<Lease>() is {size} bytes, over 128");
+}
+
+#[test]
+fn a_write_gate_fits_in_24_bytes() {
+    let size = size_of::<WriteGate>();
+    assert!(
+        size <= 24,
+        "size_of::<WriteGate>() is {size} bytes, over 24"
+    );
+}
