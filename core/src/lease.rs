@@ -124,12 +124,20 @@ pub enum Action {
         /// The TTL to ask for.
         ttl: Duration,
     },
-    /// Extend the key by `ttl` if the owner token of `term` still holds it.
+    /// Extend the key by `ttl` if the owner token of `term` still holds it *with this
+    /// fence*.
+    ///
+    /// Comparing the fence too tells two grants of the same owner token apart: if the
+    /// key was deleted and a late duplicate of this term's acquire re-created it, the
+    /// service holds a newer fence for the same token, and extending that one would
+    /// keep alive a lease this client cannot write with.
     Renew {
         /// Tag the answer with this.
         id: RequestId,
         /// The term whose owner token to present.
         term: Term,
+        /// The fence of the grant being extended.
+        fence: Fence,
         /// The TTL to ask for.
         ttl: Duration,
     },
@@ -577,7 +585,12 @@ impl Lease {
         let ttl = self.config.ttl();
         Some(match self.in_flight? {
             RequestKind::Acquire => Action::Acquire { id, term, ttl },
-            RequestKind::Renew => Action::Renew { id, term, ttl },
+            RequestKind::Renew => Action::Renew {
+                id,
+                term,
+                fence: self.fence,
+                ttl,
+            },
             RequestKind::Release => Action::Release { id, term },
         })
     }

@@ -207,9 +207,11 @@ enum Reacquire {
 /// What a renewal must match at the service.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Compare {
-    /// The owner token, owner + term (DESIGN §4; Redis compare-and-PEXPIRE on the value).
+    /// The owner token only (owner + term). The `LockService` contract forbids this
+    /// now; it stays as a model to show why (`owner_compare_alone_…`).
     Owner,
-    /// The owner token and the fence the client holds (the driver sends `lease.fence()`).
+    /// The owner token and the fence of the grant (`Action::Renew { fence, .. }`): what
+    /// every service does.
     OwnerAndFence,
 }
 
@@ -284,7 +286,7 @@ impl Scenario {
             fence_step: 1,
             ttl_policy: TtlPolicy::AsAsked,
             reacquire: Reacquire::Refuse,
-            renew_compare: Compare::Owner,
+            renew_compare: Compare::OwnerAndFence,
             net: Net::calm((ms(5), ms(5))),
             calm_net: Net::calm((ms(5), ms(5))),
             workers: None,
@@ -396,7 +398,7 @@ impl Scenario {
             fence_step: rng.pick(&[1, 1, 5]),
             ttl_policy,
             reacquire: rng.pick(&[Reacquire::Refuse, Reacquire::Regrant]),
-            renew_compare: rng.pick(&[Compare::Owner, Compare::OwnerAndFence]),
+            renew_compare: Compare::OwnerAndFence,
             net,
             calm_net: Net {
                 instant_ppm,
@@ -1567,10 +1569,10 @@ impl Sim {
     fn drain(&mut self, who: Who) {
         while let Some(action) = self.clients[who].lease.poll_action() {
             let (id, term) = (action.id(), action.term());
-            let (kind, ttl) = match action {
-                Action::Acquire { ttl, .. } => (Kind::Acquire, ttl),
-                Action::Renew { ttl, .. } => (Kind::Renew, ttl),
-                Action::Release { .. } => (Kind::Release, Duration::ZERO),
+            let (kind, ttl, fence) = match action {
+                Action::Acquire { ttl, .. } => (Kind::Acquire, ttl, Fence(0)),
+                Action::Renew { ttl, fence, .. } => (Kind::Renew, ttl, fence),
+                Action::Release { .. } => (Kind::Release, Duration::ZERO, Fence(0)),
             };
             if kind == Kind::Release {
                 // Rules 5 and 6: the gate closed before the release was emitted.
@@ -1581,7 +1583,6 @@ impl Sim {
                     name(who)
                 );
             }
-            let fence = self.clients[who].lease.fence().unwrap_or(Fence(0));
             let req = Request {
                 id,
                 term,
@@ -2323,9 +2324,9 @@ fn owner_compare_alone_lets_a_late_duplicate_acquire_revive_a_deleted_grant() {
     assert_eq!(sim.landed_from(A), [(at(ms(1_001)), old, refused)]);
 }
 
-/// The cure needs no change to the core: the renewal presents the fence the client
-/// holds (`lease.fence()`), the service compares it too, and the revived grant is not
-/// the client's: "not owner", at A's next renewal.
+/// The cure: the renewal presents the fence of the grant it extends
+/// (`Action::Renew { fence, .. }`), the service compares it too, and the revived grant
+/// is not the client's: "not owner", at A's next renewal.
 #[test]
 fn comparing_the_fence_on_renew_ends_a_revived_grant_at_the_next_renewal() {
     let compare = Compare::OwnerAndFence;

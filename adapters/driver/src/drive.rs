@@ -112,9 +112,11 @@ where
                         .acquire(key, owner.token(term), ttl)
                         .map(Answer::Acquire),
                 ),
-                Action::Renew { term, ttl, .. } => Either::Right(Either::Left(
+                Action::Renew {
+                    term, fence, ttl, ..
+                } => Either::Right(Either::Left(
                     service
-                        .renew(key, owner.token(term), ttl)
+                        .renew(key, owner.token(term), fence, ttl)
                         .map(Answer::Renew),
                 )),
                 Action::Release { term, .. } => Either::Right(Either::Right(

@@ -17,8 +17,10 @@ use leasehold::{AcquireOutcome, Duration, Fence, OwnerToken, ReleaseOutcome, Ren
 ///   *applied* (which may differ from the one asked for). If `token` itself already
 ///   holds `key` (an earlier attempt succeeded but its answer was lost), grant it again
 ///   with its existing fence.
-/// * **renew** extends `key` by `ttl` *only if `token` still holds it*
-///   (compare-and-expire) — otherwise `NotOwner`. It never extends someone else's lease.
+/// * **renew** extends `key` by `ttl` *only if `token` still holds it with `fence`*
+///   (compare-and-expire) — otherwise `NotOwner`. It never extends someone else's
+///   lease, nor a newer grant to the same token (a late duplicate acquire after the
+///   key was deleted), which this client cannot write with.
 /// * **release** deletes `key` only if `token` still holds it (compare-and-delete).
 /// * Anything that leaves the outcome unknown — timeout, broken connection, an answer
 ///   that does not parse — is `Indeterminate`, never a guess. Never answer `Granted` or
@@ -38,11 +40,12 @@ pub trait LocalLockService {
         ttl: Duration,
     ) -> impl Future<Output = AcquireOutcome>;
 
-    /// Extend `key` by `ttl` if `token` still holds it.
+    /// Extend `key` by `ttl` if `token` still holds it with `fence`.
     fn renew(
         &self,
         key: &str,
         token: OwnerToken,
+        fence: Fence,
         ttl: Duration,
     ) -> impl Future<Output = RenewOutcome>;
 
@@ -76,6 +79,7 @@ pub trait LockService: Send + Sync {
         &self,
         key: &str,
         token: OwnerToken,
+        fence: Fence,
         ttl: Duration,
     ) -> impl Future<Output = RenewOutcome> + Send;
 
@@ -107,9 +111,10 @@ impl<T: LockService> LocalLockService for T {
         &self,
         key: &str,
         token: OwnerToken,
+        fence: Fence,
         ttl: Duration,
     ) -> impl Future<Output = RenewOutcome> {
-        LockService::renew(self, key, token, ttl)
+        LockService::renew(self, key, token, fence, ttl)
     }
     fn release(&self, key: &str, token: OwnerToken) -> impl Future<Output = ReleaseOutcome> {
         LockService::release(self, key, token)

@@ -51,13 +51,20 @@ impl LocalLockService for OneKey {
             ttl,
         }
     }
-    async fn renew(&self, _key: &str, token: OwnerToken, ttl: Duration) -> RenewOutcome {
+    async fn renew(
+        &self,
+        _key: &str,
+        token: OwnerToken,
+        fence: Fence,
+        ttl: Duration,
+    ) -> RenewOutcome {
         self.renewals.set(self.renewals.get() + 1);
         let refused = self
             .refuse_renewals_after
             .get()
             .is_some_and(|n| self.renewals.get() > n);
-        if refused || *self.holder.borrow() != Some(token) {
+        let current = Fence(self.fence.get());
+        if refused || *self.holder.borrow() != Some(token) || fence != current {
             RenewOutcome::NotOwner
         } else {
             RenewOutcome::Renewed { ttl }

@@ -220,7 +220,13 @@ impl LocalLockService for Gateway<'_> {
             .await
     }
 
-    async fn renew(&self, _key: &str, token: OwnerToken, ttl: Duration) -> RenewOutcome {
+    async fn renew(
+        &self,
+        _key: &str,
+        token: OwnerToken,
+        _fence: Fence,
+        ttl: Duration,
+    ) -> RenewOutcome {
         self.record(Kind::Renew);
         let reply = self
             .renew_script

@@ -78,7 +78,13 @@ impl LocalLockService for Gateway {
         }
     }
 
-    async fn renew(&self, _key: &str, token: OwnerToken, ttl: Duration) -> RenewOutcome {
+    async fn renew(
+        &self,
+        _key: &str,
+        token: OwnerToken,
+        _fence: Fence,
+        ttl: Duration,
+    ) -> RenewOutcome {
         let sent = leasehold_embassy::now();
         let n = {
             let mut renewals = self.renewals_sent.borrow_mut();

@@ -21,7 +21,7 @@ use std::process::Command;
 use std::rc::Rc;
 use std::time::{Duration as StdDuration, Instant as StdInstant};
 
-use leasehold::{Owner, RenewOutcome, Term};
+use leasehold::{Fence, Owner, RenewOutcome, Term};
 use leasehold_driver::LockService;
 use leasehold_redis::{Acquired, RedisLockService};
 use support::*;
@@ -145,7 +145,7 @@ async fn renew_rate(
                 if now >= end {
                     break;
                 }
-                let outcome = LockService::renew(&service, &key, token, ms(TTL_MS)).await;
+                let outcome = LockService::renew(&service, &key, token, Fence(1), ms(TTL_MS)).await;
                 assert!(
                     matches!(outcome, RenewOutcome::Renewed { .. }),
                     "{outcome:?}"
@@ -178,8 +178,14 @@ fn redis_benchmark_rate(server: &RedisServer, n: usize, token: &str, ours: f64, 
         .arg(requests.to_string())
         .arg("-r")
         .arg(n.to_string())
-        .args(["--csv", "EVALSHA", &sha, "1", "{bench:__rand_int__}", token])
+        // Every bench key was granted once, so every fence is 1; one fixed counter key
+        // gives the script the same work (redis-benchmark draws each __rand_int__ on
+        // its own, so a per-key counter name could not match its lock key).
+        .args(["--csv", "EVALSHA", &sha, "2", "{bench:__rand_int__}"])
+        .arg(format!("{{{}}}:fence", key(0)))
+        .arg(token)
         .arg(TTL_MS.to_string())
+        .arg("1")
         .output()
         .expect("run redis-benchmark (Debian package redis-tools, pulled in by redis-server)");
     let stdout = String::from_utf8_lossy(&output.stdout);

@@ -38,14 +38,24 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {1, fence, redis.call('PTTL', KEYS[1])}
 ";
 
-/// `KEYS[1]` lock key; `ARGV[1]` owner token, `ARGV[2]` TTL in ms.
-/// Answers `{1, pttl}` when extended, `{0}` when the token does not hold the key.
+/// `KEYS[1]` lock key, `KEYS[2]` fence counter; `ARGV[1]` owner token, `ARGV[2]` TTL
+/// in ms, `ARGV[3]` the holder's fence in decimal.
+///
+/// Answers `{1, pttl}` when extended, `{0}` when the token does not hold the key *with
+/// that fence*. The counter is bumped only by grants of this key, so while the token's
+/// own grant stands it still reads the holder's fence; any other value means a newer
+/// grant (possibly to the same token: a late duplicate acquire after the key was
+/// deleted) or an operator's `raise_fence`, and the old grant must not be extended.
 pub const RENEW: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, redis.call('PTTL', KEYS[1])}
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return {0}
 end
-return {0}
+local fence = redis.call('GET', KEYS[2])
+if not fence or (string.gsub(fence, '^0+', '')) ~= ARGV[3] then
+  return {0}
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return {1, redis.call('PTTL', KEYS[1])}
 ";
 
 /// `KEYS[1]` lock key; `ARGV[1]` owner token. Answers 1 when deleted, 0 otherwise.

@@ -339,6 +339,7 @@ where
         &self,
         name: &str,
         token: OwnerToken,
+        fence: Fence,
         ttl: Duration,
     ) -> Result<Renewed, RedisLockError> {
         let op = Op::Renew;
@@ -350,8 +351,8 @@ where
             .eval(
                 op,
                 &self.shared.renew,
-                &[&keys.lock],
-                &[encoded.as_str(), &ms],
+                &[&keys.lock, &keys.fence],
+                &[encoded.as_str(), &ms, &fence.0.to_string()],
             )
             .await?;
         Ok(match scripts::parse_renew(&value)? {
@@ -486,8 +487,14 @@ where
         }
     }
 
-    async fn renew(&self, key: &str, token: OwnerToken, ttl: Duration) -> RenewOutcome {
-        match self.try_renew(key, token, ttl).await {
+    async fn renew(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        fence: Fence,
+        ttl: Duration,
+    ) -> RenewOutcome {
+        match self.try_renew(key, token, fence, ttl).await {
             Ok(Renewed::NotOwner) => {
                 tracing::info!(key, %token, "renew: not the owner any more");
                 RenewOutcome::NotOwner

@@ -553,7 +553,7 @@ fn network_stall() {
         let a_token = a.owner.token(leasehold::Term(1));
         assert_eq!(
             through_proxy
-                .try_renew("stall", a_token, ms(600))
+                .try_renew("stall", a_token, fence_a, ms(600))
                 .await
                 .unwrap(),
             Renewed::NotOwner
@@ -562,7 +562,10 @@ fn network_stall() {
         let holder: String = raw.get("{stall}").await.unwrap();
         assert_eq!(holder, b_token.encode().as_str());
         assert!(matches!(
-            direct.try_renew("stall", b_token, ms(5_000)).await.unwrap(),
+            direct
+                .try_renew("stall", b_token, fence_b, ms(5_000))
+                .await
+                .unwrap(),
             Renewed::Renewed { .. }
         ));
         storage.assert_no_stale_admitted();
@@ -888,7 +891,10 @@ fn garbage_in_redis() {
         let _: () = raw.hset("{h}", "f", "v").await.unwrap();
         let err = service.try_acquire("h", t, ms(1_000)).await.unwrap_err();
         assert_eq!(err.service_code(), Some("WRONGTYPE"), "{err}");
-        let err = service.try_renew("h", t, ms(1_000)).await.unwrap_err();
+        let err = service
+            .try_renew("h", t, Fence(1), ms(1_000))
+            .await
+            .unwrap_err();
         assert_eq!(err.service_code(), Some("WRONGTYPE"), "{err}");
         let err = service.try_release("h", t).await.unwrap_err();
         assert_eq!(err.service_code(), Some("WRONGTYPE"), "{err}");
@@ -996,7 +1002,7 @@ fn garbage_replies() {
                 ),
                 "acquire answered {shown}: {acquire_err:?}"
             );
-            let renewed = service.try_renew("gr", t, ms(1_000)).await;
+            let renewed = service.try_renew("gr", t, Fence(1), ms(1_000)).await;
             if *garbage == b"*2\r\n:1\r\n:300\r\n" {
                 // A well-formed renew answer: a forger that speaks the protocol is
                 // believed, as from any server.

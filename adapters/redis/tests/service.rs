@@ -54,11 +54,14 @@ fn acquire_regrant_held_renew_release_and_fences() {
         );
 
         assert_eq!(
-            service.try_renew("k", b, ms(1_000)).await.unwrap(),
+            service
+                .try_renew("k", b, Fence(1), ms(1_000))
+                .await
+                .unwrap(),
             Renewed::NotOwner
         );
         assert!(matches!(
-            service.try_renew("k", a, ms(5_000)).await.unwrap(),
+            service.try_renew("k", a, Fence(1), ms(5_000)).await.unwrap(),
             Renewed::Renewed { ttl } if ttl > ms(4_900)
         ));
         let pttl: i64 = raw.pttl("{k}").await.unwrap();
@@ -80,7 +83,10 @@ fn acquire_regrant_held_renew_release_and_fences() {
         let gone: Option<String> = raw.get("{k}").await.unwrap();
         assert_eq!(gone, None);
         assert_eq!(
-            service.try_renew("k", a, ms(1_000)).await.unwrap(),
+            service
+                .try_renew("k", a, Fence(1), ms(1_000))
+                .await
+                .unwrap(),
             Renewed::NotOwner
         );
 
@@ -179,12 +185,18 @@ fn scripts_are_reloaded_transparently_after_script_flush() {
             .await
             .unwrap();
         assert!(matches!(
-            service.try_renew("s", a, ms(1_000)).await.unwrap(),
+            service
+                .try_renew("s", a, Fence(1), ms(1_000))
+                .await
+                .unwrap(),
             Renewed::Renewed { .. }
         ));
         assert_eq!(service.script_reloads(), 1);
         // Loaded again: no further reload of that script…
-        service.try_renew("s", a, ms(1_000)).await.unwrap();
+        service
+            .try_renew("s", a, Fence(1), ms(1_000))
+            .await
+            .unwrap();
         assert_eq!(service.script_reloads(), 1);
         // …while each other script is reloaded when first needed.
         assert_eq!(
@@ -312,7 +324,10 @@ fn both_keys_live_in_one_cluster_slot() {
             }
         ));
         assert!(matches!(
-            service.try_renew("orders", a, ms(1_000)).await.unwrap(),
+            service
+                .try_renew("orders", a, Fence(1), ms(1_000))
+                .await
+                .unwrap(),
             Renewed::Renewed { .. }
         ));
         assert_eq!(
@@ -355,7 +370,8 @@ fn the_service_is_send_and_shared_by_many_tasks_on_a_multi_threaded_runtime() {
                         }
                     ));
                     for _ in 0..20 {
-                        let renewed = LockService::renew(&*service, &key, t, ms(1_000)).await;
+                        let renewed =
+                            LockService::renew(&*service, &key, t, Fence(1), ms(1_000)).await;
                         assert!(
                             matches!(renewed, RenewOutcome::Renewed { .. }),
                             "{renewed:?}"
@@ -419,7 +435,7 @@ fn errors_reach_the_lease_as_indeterminate_and_are_logged_with_tracing() {
                 AcquireOutcome::Indeterminate(Indeterminate::Service)
             );
             assert_eq!(
-                LockService::renew(&service, "typed", t, ms(1_000)).await,
+                LockService::renew(&service, "typed", t, Fence(1), ms(1_000)).await,
                 RenewOutcome::Indeterminate(Indeterminate::Service)
             );
             assert_eq!(

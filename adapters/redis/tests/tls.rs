@@ -119,7 +119,10 @@ fn rediss_with_a_private_ca_and_a_password() {
             }
         ));
         assert!(matches!(
-            service.try_renew("tls", token, ms(1_000)).await.unwrap(),
+            service
+                .try_renew("tls", token, Fence(1), ms(1_000))
+                .await
+                .unwrap(),
             Renewed::Renewed { .. }
         ));
         assert_eq!(

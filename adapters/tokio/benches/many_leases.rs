@@ -122,6 +122,7 @@ impl LockService for Probe {
         &self,
         key: &str,
         token: OwnerToken,
+        fence: Fence,
         ttl: Duration,
     ) -> impl Future<Output = RenewOutcome> + Send {
         let i = Probe::index(key);
@@ -139,7 +140,7 @@ impl LockService for Probe {
             // right after this call, in the same driver step.
             self.refused_at[i].store(now, Ordering::Relaxed);
         }
-        self.service.renew(key, token, ttl)
+        self.service.renew(key, token, fence, ttl)
     }
 
     fn release(&self, key: &str, token: OwnerToken) -> impl Future<Output = ReleaseOutcome> + Send {

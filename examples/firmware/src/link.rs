@@ -26,7 +26,7 @@ const OUTAGE_MS: core::ops::Range<u64> = 7_000..11_000;
 #[derive(Clone, Copy)]
 pub enum Op {
     Acquire(Duration),
-    Renew(Duration),
+    Renew(Fence, Duration),
     Release,
 }
 
@@ -84,7 +84,7 @@ impl Link {
 #[cfg(feature = "lease")]
 mod service {
     use leasehold::{
-        AcquireOutcome, Duration, Indeterminate, OwnerToken, ReleaseOutcome, RenewOutcome,
+        AcquireOutcome, Duration, Fence, Indeterminate, OwnerToken, ReleaseOutcome, RenewOutcome,
     };
     use leasehold_embassy::LocalLockService;
 
@@ -100,8 +100,14 @@ mod service {
             }
         }
 
-        async fn renew(&self, _key: &str, token: OwnerToken, ttl: Duration) -> RenewOutcome {
-            match self.call(token, Op::Renew(ttl)).await {
+        async fn renew(
+            &self,
+            _key: &str,
+            token: OwnerToken,
+            fence: Fence,
+            ttl: Duration,
+        ) -> RenewOutcome {
+            match self.call(token, Op::Renew(fence, ttl)).await {
                 Answer::Renew(outcome) => outcome,
                 _ => RenewOutcome::Indeterminate(Indeterminate::Protocol),
             }
@@ -158,7 +164,9 @@ pub async fn gateway() {
                 })
             }
             (Op::Acquire(_), Some(_)) => Answer::Acquire(AcquireOutcome::HeldByAnother),
-            (Op::Renew(ttl), Some((token, held, _))) if token == frame.token => {
+            (Op::Renew(fence, ttl), Some((token, held, _)))
+                if token == frame.token && fence == held =>
+            {
                 let (granted, expires) = expiry(ttl);
                 holder = Some((token, held, expires));
                 Answer::Renew(RenewOutcome::Renewed { ttl: granted })

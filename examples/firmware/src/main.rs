@@ -219,15 +219,17 @@ mod lease {
     #[embassy_executor::task]
     async fn plain_task() {
         let token = OWNER.token(Term(1));
+        let mut held = Fence(0);
         if let Answer::Acquire(AcquireOutcome::Granted { fence, .. }) =
             LINK.call(token, Op::Acquire(TTL)).await
         {
             FENCE.store(fence.0 as u32, Ordering::Relaxed);
+            held = fence;
             bump(&COUNTERS.acquired);
         }
         while RELEASE.load(Ordering::Relaxed) == 0 {
             Timer::after_secs(1).await;
-            LINK.call(token, Op::Renew(TTL)).await;
+            LINK.call(token, Op::Renew(held, TTL)).await;
             bump(&COUNTERS.renewed);
         }
         FENCE.store(0, Ordering::Relaxed);

@@ -220,9 +220,10 @@ impl LockService for MemoryService {
         &self,
         key: &str,
         token: OwnerToken,
+        fence: Fence,
         ttl: Duration,
     ) -> impl Future<Output = RenewOutcome> + Send {
-        Request::new(self, key, token, Op::Renew(std_duration(ttl)))
+        Request::new(self, key, token, Op::Renew(fence, std_duration(ttl)))
     }
 
     fn release(&self, key: &str, token: OwnerToken) -> impl Future<Output = ReleaseOutcome> + Send {

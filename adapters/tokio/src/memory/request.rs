@@ -11,7 +11,7 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use leasehold::{AcquireOutcome, Indeterminate, OwnerToken, ReleaseOutcome, RenewOutcome};
+use leasehold::{AcquireOutcome, Fence, Indeterminate, OwnerToken, ReleaseOutcome, RenewOutcome};
 use tokio::time::Instant;
 
 use super::faults::Plan;
@@ -21,7 +21,7 @@ use super::{Inner, MemoryService};
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Op {
     Acquire(std::time::Duration),
-    Renew(std::time::Duration),
+    Renew(Fence, std::time::Duration),
     Release,
 }
 
@@ -73,9 +73,9 @@ impl Inner {
                 self.stats.acquires += 1;
                 Answer::Acquire(self.table.acquire(key, token, ttl, now))
             }
-            Op::Renew(ttl) => {
+            Op::Renew(fence, ttl) => {
                 self.stats.renewals += 1;
-                Answer::Renew(self.table.renew(key, token, ttl, now))
+                Answer::Renew(self.table.renew(key, token, fence, ttl, now))
             }
             Op::Release => {
                 self.stats.releases += 1;

@@ -90,16 +90,17 @@ impl Table {
         }
     }
 
-    /// Compare-and-expire: extends only `token`'s own live grant.
+    /// Compare-and-expire: extends only `token`'s own live grant with `fence`.
     pub(crate) fn renew(
         &mut self,
         key: &str,
         token: OwnerToken,
+        fence: Fence,
         ttl: std::time::Duration,
         now: Instant,
     ) -> RenewOutcome {
         match self.keys.get_mut(key).and_then(|key| key.live(now)) {
-            Some(grant) if grant.token == token => {
+            Some(grant) if grant.token == token && grant.fence == fence => {
                 grant.expires_at = now + ttl;
                 RenewOutcome::Renewed {
                     ttl: leasehold::Duration::from_micros(

@@ -58,16 +58,19 @@ async fn renew_and_release_compare_the_owner_token_including_the_term() {
             s.acquire("k", other, TTL).await,
             AcquireOutcome::HeldByAnother
         );
-        assert_eq!(s.renew("k", other, TTL).await, RenewOutcome::NotOwner);
+        assert_eq!(
+            s.renew("k", other, Fence(1), TTL).await,
+            RenewOutcome::NotOwner
+        );
         assert_eq!(s.release("k", other).await, ReleaseOutcome::NotOwner);
     }
     assert_eq!(s.grant("k").unwrap().token, token(1));
     assert_eq!(
-        s.renew("k", token(1), TTL).await,
+        s.renew("k", token(1), Fence(1), TTL).await,
         RenewOutcome::Renewed { ttl: TTL }
     );
     assert_eq!(
-        s.renew("missing", token(1), TTL).await,
+        s.renew("missing", token(1), Fence(1), TTL).await,
         RenewOutcome::NotOwner
     );
 }
@@ -101,8 +104,29 @@ async fn the_ttl_is_hard_counted_from_when_the_service_acted() {
     );
     tokio::time::advance(StdDuration::from_micros(1)).await;
     assert_eq!(s.grant("k"), None);
-    assert_eq!(s.renew("k", token(1), TTL).await, RenewOutcome::NotOwner);
+    assert_eq!(
+        s.renew("k", token(1), Fence(1), TTL).await,
+        RenewOutcome::NotOwner
+    );
     assert_eq!(s.acquire("k", token(2), TTL).await, granted(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn renew_compares_the_fence_so_a_recreated_grant_of_the_same_token_is_not_extended() {
+    let s = MemoryService::new();
+    assert_eq!(s.acquire("k", token(1), TTL).await, granted(1));
+    // Deleted from outside; a late duplicate of the same term's acquire re-creates it.
+    assert!(s.revoke("k").is_some());
+    assert_eq!(s.acquire("k", token(1), TTL).await, granted(2));
+    // The client still holds fence 1: its renewal must not keep fence 2 alive.
+    assert_eq!(
+        s.renew("k", token(1), Fence(1), TTL).await,
+        RenewOutcome::NotOwner
+    );
+    assert_eq!(
+        s.renew("k", token(1), Fence(2), TTL).await,
+        RenewOutcome::Renewed { ttl: TTL }
+    );
 }
 
 #[tokio::test(start_paused = true)]

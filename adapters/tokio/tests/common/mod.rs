@@ -168,10 +168,11 @@ impl LockService for Recording {
         &self,
         key: &str,
         token: OwnerToken,
+        fence: Fence,
         ttl: Duration,
     ) -> impl Future<Output = RenewOutcome> + Send {
         self.record(Kind::Renew, token);
-        LockService::renew(&self.service, key, token, ttl)
+        LockService::renew(&self.service, key, token, fence, ttl)
     }
 
     fn release(&self, key: &str, token: OwnerToken) -> impl Future<Output = ReleaseOutcome> + Send {

@@ -249,6 +249,7 @@ mod driver_probe {
             &self,
             _: &str,
             _: OwnerToken,
+            _: Fence,
             ttl: Duration,
         ) -> impl Future<Output = RenewOutcome> {
             ready(match choice() & 3 {
