@@ -131,3 +131,37 @@ pub fn republish_window(
         reader.expect("spawned").join().expect("reader");
     }
 }
+
+/// The two fences made of one half of [`FENCE_A`] and one half of [`FENCE_B`].
+pub const MIXED_FENCES: [Fence; 2] = [
+    Fence((FENCE_A.0 & 0xffff_ffff_0000_0000) | (FENCE_B.0 & 0xffff_ffff)),
+    Fence((FENCE_B.0 & 0xffff_ffff_0000_0000) | (FENCE_A.0 & 0xffff_ffff)),
+];
+
+/// Model: the narrowest form of model 2, aimed at one failure: term 1 (fence A) is
+/// lost, then term 2 is acquired and granted fence B while a reader takes one snapshot.
+/// Its fence must never be [`MIXED_FENCES`] (message: "fence halves of two terms
+/// mixed"). Steps 3-4 of the chain, with a reader that checks nothing else, so that
+/// with weak orderings loom reports exactly this mix rather than another torn read.
+pub fn cross_term_fence_race() -> impl Fn() + Sync + Send + 'static {
+    || {
+        let gate = Arc::new(WriteGate::new());
+        let mut driver = Driver::new();
+        driver.acquire_granted(at(0), FENCE_A, DEADLINE_A, &gate);
+        driver.end(Ending::Revoked, at(1_000), &gate);
+        let reader = {
+            let gate = Arc::clone(&gate);
+            thread::spawn(move || {
+                if let Some(snap) = gate.snapshot() {
+                    assert!(
+                        !MIXED_FENCES.contains(&snap.fence),
+                        "fence halves of two terms mixed: {:#x} in {snap:?}",
+                        snap.fence.0
+                    );
+                }
+            })
+        };
+        driver.acquire_granted(at(2_000), FENCE_B, DEADLINE_B, &gate);
+        reader.join().expect("reader");
+    }
+}

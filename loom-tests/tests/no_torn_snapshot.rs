@@ -7,7 +7,8 @@
 #![cfg(all(loom, not(leasehold_weak_gate)))]
 
 use leasehold_loom_tests::{
-    check, check_bounded, republish_window, Ending, Witness, SAW_BUSY, SAW_NO_SNAPSHOT, STEPS,
+    check, check_bounded, cross_term_fence_race, republish_window, Ending, Witness, SAW_BUSY,
+    SAW_NO_SNAPSHOT, STEPS,
 };
 
 /// Preemption bound for the two-publish windows. At bound 2 one such model runs over
@@ -97,4 +98,15 @@ fn new_term_after_release_closed_then_granted() {
 #[test]
 fn grant_then_renew() {
     race_two(Ending::Revoked, 4);
+}
+
+/// The aimed form of the term change (the one `weak_gate.rs` shows failing with weak
+/// orderings): no fence made of halves of fence A and fence B.
+#[test]
+fn no_fence_mixed_from_two_terms() {
+    check_bounded(
+        "no_torn_snapshot/cross-term fence",
+        TWO_STEP_BOUND,
+        cross_term_fence_race(),
+    );
 }

@@ -6,11 +6,14 @@
 //! load or before its second, so it can return halves of two fences as a consistent
 //! snapshot. These are the very models `no_torn_snapshot.rs` runs with the real
 //! orderings, and they must fail on the torn-read assertion — "torn or mixed gate
-//! snapshot" (`snapshot` returned a never-published combination) or "torn or mixed
-//! gate check" (`check` answered from one) — not on anything else.
+//! snapshot" (`snapshot` returned a never-published combination), "torn or mixed
+//! gate check" (`check` answered from one) or "fence halves of two terms mixed" — not
+//! on anything else.
 #![cfg(all(loom, leasehold_weak_gate))]
 
-use leasehold_loom_tests::{check, check_bounded, republish_window, Ending, Witness};
+use leasehold_loom_tests::{
+    check, check_bounded, cross_term_fence_race, republish_window, Ending, Witness,
+};
 
 /// Across terms: fence A (left by the loss) → closed → fence B.
 #[test]
@@ -31,4 +34,12 @@ fn weak_gate_tears_deadline_on_renewal() {
         "weak_gate/Revoked/step 5",
         republish_window(Ending::Revoked, 5..6, Witness::new()),
     );
+}
+
+/// Across terms, aimed: the fence read is the high half of one term's fence with the
+/// low half of the other's.
+#[test]
+#[should_panic(expected = "fence halves of two terms mixed")]
+fn weak_gate_mixes_fence_halves_of_two_terms() {
+    check_bounded("weak_gate/cross-term fence", 1, cross_term_fence_race());
 }
