@@ -143,14 +143,16 @@ pub const MIXED_FENCES: [Fence; 2] = [
 /// Its fence must never be [`MIXED_FENCES`] (message: "fence halves of two terms
 /// mixed"). Steps 3-4 of the chain, with a reader that checks nothing else, so that
 /// with weak orderings loom reports exactly this mix rather than another torn read.
-pub fn cross_term_fence_race() -> impl Fn() + Sync + Send + 'static {
-    || {
+///
+/// `seen` records bit 0 when the reader got fence A, bit 1 when it got fence B.
+pub fn cross_term_fence_race(seen: Witness) -> impl Fn() + Sync + Send + 'static {
+    move || {
         let gate = Arc::new(WriteGate::new());
         let mut driver = Driver::new();
         driver.acquire_granted(at(0), FENCE_A, DEADLINE_A, &gate);
         driver.end(Ending::Revoked, at(1_000), &gate);
         let reader = {
-            let gate = Arc::clone(&gate);
+            let (gate, seen) = (Arc::clone(&gate), seen.clone());
             thread::spawn(move || {
                 if let Some(snap) = gate.snapshot() {
                     assert!(
@@ -158,6 +160,11 @@ pub fn cross_term_fence_race() -> impl Fn() + Sync + Send + 'static {
                         "fence halves of two terms mixed: {:#x} in {snap:?}",
                         snap.fence.0
                     );
+                    if snap.fence == FENCE_A {
+                        seen.saw(0);
+                    } else if snap.fence == FENCE_B {
+                        seen.saw(1);
+                    }
                 }
             })
         };

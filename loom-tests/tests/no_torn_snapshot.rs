@@ -104,9 +104,12 @@ fn grant_then_renew() {
 /// orderings): no fence made of halves of fence A and fence B.
 #[test]
 fn no_fence_mixed_from_two_terms() {
+    let seen = Witness::new();
     check_bounded(
         "no_torn_snapshot/cross-term fence",
         TWO_STEP_BOUND,
-        cross_term_fence_race(),
+        cross_term_fence_race(seen.clone()),
     );
+    seen.assert_seen(0, "fence A");
+    seen.assert_seen(1, "fence B");
 }

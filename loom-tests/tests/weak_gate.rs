@@ -41,5 +41,9 @@ fn weak_gate_tears_deadline_on_renewal() {
 #[test]
 #[should_panic(expected = "fence halves of two terms mixed")]
 fn weak_gate_mixes_fence_halves_of_two_terms() {
-    check_bounded("weak_gate/cross-term fence", 1, cross_term_fence_race());
+    check_bounded(
+        "weak_gate/cross-term fence",
+        1,
+        cross_term_fence_race(Witness::new()),
+    );
 }
