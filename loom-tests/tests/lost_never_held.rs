@@ -18,6 +18,8 @@ use loom::thread;
 
 /// How often the reader polls.
 const POLLS: usize = 3;
+/// How often it polls while two publishes race (each poll multiplies loom's work).
+const POLLS_TWO_PUBLISHES: usize = 2;
 
 /// Witness bit: the reader saw a term's end and then polled that term again.
 const END_THEN_SAME_TERM: usize = 0;
@@ -27,11 +29,11 @@ const HELD_THEN_END: usize = 1;
 const END_THEN_NEXT_TERM_HELD: usize = 2;
 
 /// The reader: polls the gate and asserts the invariant across its polls.
-fn poll(gate: &WriteGate, seen: &Witness) {
+fn poll(gate: &WriteGate, seen: &Witness, polls: usize) {
     let mut last_term = 0;
     let mut held_term = None;
     let mut ended: Option<(u32, GateStatus)> = None;
-    for _ in 0..POLLS {
+    for _ in 0..polls {
         let Some(snap) = gate.snapshot() else {
             continue;
         };
@@ -71,11 +73,11 @@ where
     S: Fn(&mut Driver, &WriteGate) + Sync + Send + 'static,
     D: Fn(&mut Driver, &WriteGate) + Sync + Send + 'static,
 {
-    model_bounded(name, usize::MAX, setup, driver_part)
+    model_bounded(name, usize::MAX, POLLS, setup, driver_part)
 }
 
-/// [`model`] with the preemption bound capped at `cap`.
-fn model_bounded<S, D>(name: &str, cap: usize, setup: S, driver_part: D) -> Witness
+/// [`model`] with the preemption bound capped at `cap`, and `polls` polls.
+fn model_bounded<S, D>(name: &str, cap: usize, polls: usize, setup: S, driver_part: D) -> Witness
 where
     S: Fn(&mut Driver, &WriteGate) + Sync + Send + 'static,
     D: Fn(&mut Driver, &WriteGate) + Sync + Send + 'static,
@@ -88,7 +90,7 @@ where
         setup(&mut driver, &gate);
         let reader = {
             let (gate, seen) = (Arc::clone(&gate), witness.clone());
-            thread::spawn(move || poll(&gate, &seen))
+            thread::spawn(move || poll(&gate, &seen, polls))
         };
         driver_part(&mut driver, &gate);
         reader.join().expect("reader");
@@ -192,12 +194,13 @@ fn released_while_acquiring_then_late_grant() {
 
 /// Lost in term 1, then term 2 acquired and granted: `Held` again is fine, but only
 /// for term 2. Two racing publishes: preemption bound capped at 1 (see
-/// no_torn_snapshot.rs).
+/// no_torn_snapshot.rs) and two polls (three take 3·10⁵ executions).
 #[test]
 fn lost_then_next_term_held() {
     let seen = model_bounded(
         "lost_never_held/lost then next term",
         1,
+        POLLS_TWO_PUBLISHES,
         |driver, gate| {
             driver.acquire_granted(at(0), FENCE_A, DEADLINE_A, gate);
             driver.end(Ending::Revoked, at(1_000), gate);
