@@ -12,7 +12,7 @@ use leasehold_loom_tests::{
 };
 
 /// Preemption bound for the two-publish windows. At bound 2 one such model runs over
-/// 10⁶ executions (minutes on this machine); at bound 1 ≈ 1.3·10⁵ (seconds). The reader
+/// 10⁶ executions (minutes on this machine); at bound 1 ≈ 2.6·10⁴ (seconds). The reader
 /// never writes anything the driver reads, so what these models must explore is the
 /// set of values each reader load may return, which loom enumerates at any bound (see
 /// loom-tests/NOTES.md).
@@ -50,10 +50,14 @@ fn assert_not_vacuous(name: &str, seen: &Witness, states: usize) {
     for i in 0..states {
         seen.assert_seen(i, &format!("window state {i} in {name}"));
     }
+    let busy = if states == 2 {
+        format!(", check Busy: {}", seen.seen(SAW_BUSY))
+    } else {
+        String::new() // no check with two racing publishes
+    };
     println!(
-        "  {name}: reader saw all {states} window states; snapshot gave up: {}, check Busy: {}",
+        "  {name}: reader saw all {states} window states; snapshot gave up: {}{busy}",
         seen.seen(SAW_NO_SNAPSHOT),
-        seen.seen(SAW_BUSY)
     );
 }
 
