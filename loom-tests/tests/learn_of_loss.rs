@@ -1,3 +1,4 @@
+#![cfg(all(loom, not(leasehold_weak_gate)))]
 //! Model 1: a worker that learns of the loss through any synchronisation never passes
 //! `gate.check(now)` afterwards.
 //!
@@ -7,7 +8,6 @@
 //! `DeadlinePassed`): the loss was published inside the `Lease` call, before the
 //! signal, so it is visible to anyone the signal reaches. Before it has learned,
 //! `check` may answer from the held or the lost snapshot, or refuse with `Busy`.
-#![cfg(all(loom, not(leasehold_weak_gate)))]
 
 use leasehold::{Config, Duration, GateError, GateStatus, Instant, State, WriteGate};
 use leasehold_loom_tests::{

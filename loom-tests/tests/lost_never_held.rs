@@ -1,3 +1,4 @@
+#![cfg(all(loom, not(leasehold_weak_gate)))]
 //! Model 3: never lost-then-held within a term.
 //!
 //! A reader polls `gate.snapshot()` three times while the driver ends a term and then
@@ -5,7 +6,6 @@
 //! real `Lease` must refuse them as stale, so once the reader has seen `Lost`/`Released`
 //! for term t it never sees term t in any other status (in particular not `Held`), and
 //! the term it sees never goes backwards.
-#![cfg(all(loom, not(leasehold_weak_gate)))]
 
 use leasehold::{
     AcquireOutcome, Duration, GateStatus, RenewOutcome, RequestId, StaleResponse, WriteGate,

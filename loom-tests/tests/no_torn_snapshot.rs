@@ -1,10 +1,10 @@
+#![cfg(all(loom, not(leasehold_weak_gate)))]
 //! Model 2: no torn or mixed fence or deadline across terms.
 //!
 //! A reader racing the driver's republishes (see the chain in
 //! `leasehold_loom_tests::chain`) only ever gets a (status, term, fence, deadline) that
 //! the driver really published together — never halves of two fences or deadlines —
 //! and never one overwritten before it started. `check` may refuse with `Busy`.
-#![cfg(all(loom, not(leasehold_weak_gate)))]
 
 use leasehold_loom_tests::{
     check, check_bounded, cross_term_fence_race, republish_window, Ending, Witness, SAW_BUSY,

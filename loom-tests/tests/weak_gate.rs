@@ -1,3 +1,4 @@
+#![cfg(all(loom, leasehold_weak_gate))]
 //! Model 4: the deliberately wrong ordering, kept to show that loom catches it.
 //!
 //! Built only with `RUSTFLAGS="--cfg loom --cfg leasehold_weak_gate"`: the gate's
@@ -9,7 +10,6 @@
 //! snapshot" (`snapshot` returned a never-published combination), "torn or mixed
 //! gate check" (`check` answered from one) or "fence halves of two terms mixed" — not
 //! on anything else.
-#![cfg(all(loom, leasehold_weak_gate))]
 
 use leasehold_loom_tests::{
     check, check_bounded, cross_term_fence_race, republish_window, Ending, Witness,
