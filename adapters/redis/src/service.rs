@@ -334,7 +334,8 @@ where
         })
     }
 
-    /// Extends lock `name` by `ttl` if `token` still holds it (compare-and-`PEXPIRE`).
+    /// Extends lock `name` by `ttl` if `token` still holds it with `fence`
+    /// (compare-and-`PEXPIRE`; the fence counter must still read `fence`).
     pub async fn try_renew(
         &self,
         name: &str,
