@@ -213,7 +213,7 @@ impl EtcdLockError {
 }
 
 /// A status's message with its source chain (tonic hides the transport cause there).
-fn status_text(status: &tonic::Status) -> String {
+pub(crate) fn status_text(status: &tonic::Status) -> String {
     let mut text = format!("{:?}: {}", status.code(), status.message());
     let mut source = std::error::Error::source(status);
     while let Some(cause) = source {
@@ -225,7 +225,7 @@ fn status_text(status: &tonic::Status) -> String {
 }
 
 /// An error with its source chain.
-fn error_chain(err: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {

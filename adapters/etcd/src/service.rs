@@ -367,13 +367,39 @@ impl EtcdLockService {
     }
 
     /// One etcd call, bounded by the request timeout, its error sorted.
-    async fn call<T, F>(&self, op: Op, request: F) -> Result<T, EtcdLockError>
+    async fn call<T, F, Fut>(&self, op: Op, request: F) -> Result<T, EtcdLockError>
     where
-        F: Future<Output = Result<T, etcd_client::Error>>,
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         self.timed(op, request)
             .await?
             .map_err(|e| EtcdLockError::from_client(op, e))
+    }
+
+    async fn txn(&self, op: Op, txn: Txn) -> Result<etcd_client::TxnResponse, EtcdLockError> {
+        self.call(op, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+    }
+
+    async fn get(&self, op: Op, key: &[u8]) -> Result<etcd_client::GetResponse, EtcdLockError> {
+        self.call(op, |mut c| {
+            let key = key.to_vec();
+            async move { c.get(key, None::<GetOptions>).await }
+        })
+        .await
+    }
+
+    async fn revoke(&self, lease: i64) -> Result<(), EtcdLockError> {
+        self.call(
+            Op::Revoke,
+            |mut c| async move { c.lease_revoke(lease).await },
+        )
+        .await
+        .map(drop)
     }
 
     /// Acquires `key` for `token` for `ttl` (rounded up to whole seconds).
@@ -397,8 +423,12 @@ impl EtcdLockService {
     ) -> Result<Acquired, EtcdLockError> {
         let key_b = key_bytes(Op::Acquire, key)?;
         let secs = ttl_secs(ttl)?;
-        let mut leases = self.inner.client.lease_client();
-        let grant = self.call(Op::Grant, leases.grant(secs, None)).await?;
+        let grant = self
+            .call(
+                Op::Grant,
+                |mut c| async move { c.lease_grant(secs, None).await },
+            )
+            .await?;
         if !grant.error().is_empty() {
             return Err(EtcdLockError::Service {
                 op: Op::Grant,
@@ -424,8 +454,7 @@ impl EtcdLockService {
                 TxnOp::get(key_b.clone(), None),
             ])
             .or_else([TxnOp::get(key_b.clone(), None)]);
-        let mut kv_client = self.inner.client.kv_client();
-        let answer = match self.call(Op::Acquire, kv_client.txn(txn)).await {
+        let answer = match self.txn(Op::Acquire, txn).await {
             Ok(answer) => answer,
             Err(err) => {
                 // The put may have happened: the lease must live on for a retry to
@@ -537,10 +566,7 @@ impl EtcdLockService {
         key_b: &[u8],
         token: OwnerToken,
     ) -> Result<Result<Held, NotHeld>, EtcdLockError> {
-        let mut kv_client = self.inner.client.kv_client();
-        let answer = self
-            .call(Op::Check, kv_client.get(key_b, None::<GetOptions>))
-            .await?;
+        let answer = self.get(Op::Check, key_b).await?;
         let Some(kv) = answer.0.kvs.first() else {
             return Ok(Err(NotHeld::KeyGone));
         };
@@ -579,8 +605,7 @@ impl EtcdLockService {
                 Compare::lease(key_b, CompareOp::Equal, held.lease),
             ])
             .or_else([TxnOp::get(key_b, None)]);
-        let mut kv_client = self.inner.client.kv_client();
-        let answer = self.call(Op::Check, kv_client.txn(txn)).await?.0;
+        let answer = self.txn(Op::Check, txn).await?.0;
         if answer.succeeded {
             return Ok(Renewed::Extended { ttl });
         }
@@ -606,9 +631,8 @@ impl EtcdLockService {
     /// keep-alive goes on the same stream and its answer is the one reported: a
     /// renewal, too, sent after the caller's send time.
     async fn keep_alive(&self, lease: i64) -> Result<Option<Duration>, EtcdLockError> {
-        let mut leases = self.inner.client.lease_client();
-        let exchange = async move {
-            let (mut keeper, mut stream) = leases.keep_alive(lease).await?;
+        let exchange = |mut c: Client| async move {
+            let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
             keeper.keep_alive().await?;
             stream.message().await
         };
@@ -651,9 +675,10 @@ impl EtcdLockService {
 
     /// Whether etcd has no lease `lease` (`LeaseTimeToLive` answers TTL -1).
     async fn lease_gone(&self, lease: i64) -> Result<bool, EtcdLockError> {
-        let mut leases = self.inner.client.lease_client();
         let answer = self
-            .call(Op::TimeToLive, leases.time_to_live(lease, None))
+            .call(Op::TimeToLive, |mut c| async move {
+                c.lease_time_to_live(lease, None).await
+            })
             .await?;
         Ok(answer.ttl() <= 0)
     }
@@ -678,8 +703,7 @@ impl EtcdLockService {
                 key_b.clone(),
                 Some(DeleteOptions::new().with_prev_key()),
             )]);
-        let mut kv_client = self.inner.client.kv_client();
-        let answer = self.call(Op::Release, kv_client.txn(txn)).await?.0;
+        let answer = self.txn(Op::Release, txn).await?.0;
         let known = self.forget(key, token);
         if !answer.succeeded {
             if let Some(held) = known {
@@ -704,8 +728,7 @@ impl EtcdLockService {
             .into_iter()
             .chain(known.map(|h| h.lease).filter(|&l| Some(l) != deleted_lease))
         {
-            let mut leases = self.inner.client.lease_client();
-            if let Err(err) = self.call(Op::Revoke, leases.revoke(lease)).await {
+            if let Err(err) = self.revoke(lease).await {
                 tracing::debug!(key, lease, error = %err, "release: revoking the lease failed; it expires by itself");
             }
         }
@@ -720,8 +743,7 @@ impl EtcdLockService {
         };
         let service = self.clone();
         runtime.spawn(async move {
-            let mut leases = service.inner.client.lease_client();
-            match service.call(Op::Revoke, leases.revoke(lease)).await {
+            match service.revoke(lease).await {
                 Ok(_) => tracing::trace!(lease, why, "revoked"),
                 Err(err) => tracing::debug!(lease, why, error = %err, "revoke failed; the lease expires by itself"),
             }
@@ -747,11 +769,7 @@ impl EtcdLockService {
         let revision = i64::try_from(fence.0).unwrap_or(i64::MAX);
         let ours = |kv: &PbKeyValue| kv.value == value.as_bytes() && kv.create_revision == revision;
 
-        let mut kv_client = self.inner.client.kv_client();
-        let read = self
-            .call(Op::Watch, kv_client.get(key_b.clone(), None::<GetOptions>))
-            .await?
-            .0;
+        let read = self.get(Op::Watch, &key_b).await?.0;
         let read_at = read.header.as_ref().map_or(0, |h| h.revision);
         if read_at <= 0 {
             return Err(EtcdLockError::protocol(
@@ -775,11 +793,13 @@ impl EtcdLockService {
             Some(_) => {}
         }
 
-        let mut watch_client = self.inner.client.watch_client();
         let options = etcd_client::WatchOptions::new().with_start_revision(read_at + 1);
         // Creating the stream is bounded; the stream itself lives as long as the grant.
         let mut stream = self
-            .call(Op::Watch, watch_client.watch(key_b, Some(options)))
+            .call(Op::Watch, |mut c| {
+                let (key_b, options) = (key_b.clone(), options.clone());
+                async move { c.watch(key_b, Some(options)).await }
+            })
             .await?;
         loop {
             let answer = match stream.message().await {
@@ -831,21 +851,56 @@ impl EtcdLockService {
     }
 
     /// One etcd call, bounded by the request timeout; the client's error untouched.
-    async fn timed<T, F>(
+    ///
+    /// `request` is called with a handle on the (shared) client, again if the attempt
+    /// failed without sending anything: the TCP connection to the member the channel
+    /// picked could not be made (a dead member of a cluster; the balancer keeps it
+    /// in rotation while it reconnects). Any other failure is final.
+    async fn timed<T, F, Fut>(
         &self,
         op: Op,
-        request: F,
+        mut request: F,
     ) -> Result<Result<T, etcd_client::Error>, EtcdLockError>
     where
-        F: Future<Output = Result<T, etcd_client::Error>>,
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
+        let attempts = async {
+            let mut left = UNSENT_ATTEMPTS;
+            loop {
+                let answer = request(self.inner.client.clone()).await;
+                match &answer {
+                    Err(err) if left > 1 && never_sent(err) => {
+                        left -= 1;
+                        tracing::trace!(%op, error = %err, "not sent (connect failed); trying again");
+                    }
+                    _ => return answer,
+                }
+            }
+        };
         match self.inner.request_timeout {
-            Some(after) => tokio::time::timeout(after, request)
+            Some(after) => tokio::time::timeout(after, attempts)
                 .await
                 .map_err(|_| EtcdLockError::Timeout { op, after }),
-            None => Ok(request.await),
+            None => Ok(attempts.await),
         }
     }
+}
+
+/// How many times a request whose connection could not even be made is tried (each
+/// attempt may be routed to another member).
+const UNSENT_ATTEMPTS: u32 = 4;
+
+/// Whether the request never left this process: the TCP connect failed.
+fn never_sent(err: &etcd_client::Error) -> bool {
+    let text = match err {
+        etcd_client::Error::GRpcStatus(status) if status.code() == tonic::Code::Unavailable => {
+            crate::error::status_text(status)
+        }
+        etcd_client::Error::TransportError(e) => crate::error::error_chain(e),
+        _ => return false,
+    };
+    text.contains("tcp connect error")
 }
 
 fn log_error(key: &str, token: OwnerToken, err: &EtcdLockError) {
