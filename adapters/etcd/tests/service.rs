@@ -526,3 +526,22 @@ async fn requests_etcd_cannot_express_are_refused_before_sending() {
     let mut outside = cluster.client().await;
     assert!(leases(&mut outside).await.is_empty());
 }
+
+/// Without the `etcd` binary the tests fail, naming the package to install.
+#[test]
+fn a_missing_etcd_binary_fails_naming_the_debian_package() {
+    let empty = std::env::temp_dir().join("leasehold-etcd-no-binary-here");
+    std::fs::create_dir_all(&empty).unwrap();
+    let failure = std::panic::catch_unwind(|| {
+        support::etcd::find_binary(Some(empty.clone().into_os_string()))
+    })
+    .expect_err("no etcd in an empty directory");
+    let message = failure
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| failure.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default();
+    assert!(message.contains("etcd-server"), "{message}");
+    // And the real lookup finds it on this machine.
+    assert!(support::etcd::binary().is_file());
+}

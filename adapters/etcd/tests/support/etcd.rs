@@ -78,7 +78,13 @@ pub struct Cluster {
 
 /// The `etcd` binary on PATH, or a failure that names the package.
 pub fn binary() -> PathBuf {
-    let found = std::env::var_os("PATH").and_then(|paths| {
+    find_binary(std::env::var_os("PATH"))
+}
+
+/// `etcd` in the directories of `path` (a `PATH`-style list); panics naming the
+/// Debian package if it is in none of them.
+pub fn find_binary(path: Option<std::ffi::OsString>) -> PathBuf {
+    let found = path.and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|dir| dir.join("etcd"))
             .find(|candidate| candidate.is_file())
