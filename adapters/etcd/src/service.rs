@@ -454,15 +454,9 @@ impl EtcdLockService {
                 TxnOp::get(key_b.clone(), None),
             ])
             .or_else([TxnOp::get(key_b.clone(), None)]);
-        let answer = match self.txn(Op::Acquire, txn).await {
-            Ok(answer) => answer,
-            Err(err) => {
-                // The put may have happened: the lease must live on for a retry to
-                // find (and re-grant) it. Unused, it expires by itself after its TTL.
-                return Err(err);
-            }
-        };
-        let answer = answer.0;
+        // On an error the put may have happened: the lease is left alone, for a retry
+        // to find (and re-grant) it. Unused, it expires by itself after its TTL.
+        let answer = self.txn(Op::Acquire, txn).await?.0;
         if answer.succeeded {
             let kv = range_kv(Op::Acquire, &answer, 1)?.ok_or_else(|| {
                 EtcdLockError::protocol(Op::Acquire, "the key is missing right after its put")

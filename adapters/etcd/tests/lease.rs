@@ -311,3 +311,72 @@ async fn contenders_take_turns_with_increasing_fences() {
     assert!(grants.windows(2).all(|w| w[0] < w[1]), "{grants:?}");
     storage.assert_no_stale_admitted();
 }
+
+/// The holder talks to etcd through a proxy that stops forwarding (connections stay
+/// open, nothing moves): renewals time out, and the holder's gate closes at its safe
+/// deadline — before etcd expires the key, as seen by an outside watcher. A contender
+/// connected directly then gets the key with a higher fence; the holder's late write is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_network_closes_the_gate_before_etcd_expires_the_key() {
+    let cluster = Cluster::single();
+    let proxy = support::proxy::Proxy::start(cluster.members[0].client_port).await;
+    let through_proxy = support::service_on(vec![proxy.endpoint()]).await;
+    let direct = service(&cluster).await;
+    let storage = Storage::default();
+
+    let a = hold(&through_proxy, "orders", 2_000).await;
+    let a_fence = a.check().unwrap();
+    storage.write(a_fence).unwrap();
+
+    // Outside: when does etcd delete the key?
+    let mut outside = cluster.client().await;
+    let mut watch = outside.watch("orders", None).await.unwrap();
+    let deleted = tokio::spawn(async move {
+        while let Ok(Some(answer)) = watch.message().await {
+            if answer
+                .events()
+                .iter()
+                .any(|e| e.event_type() == etcd_client::EventType::Delete)
+            {
+                return Instant::now();
+            }
+        }
+        panic!("the outside watch ended");
+    });
+
+    let mut events = a.events();
+    within(2_000, renewed_after(&mut events, Instant::now()))
+        .await
+        .expect("renewed");
+    let stalled = Instant::now();
+    proxy.stall(true);
+
+    let end = within(3_000, a.lost()).await;
+    let a_lost = Instant::now();
+    assert_eq!(end, LeaseEnd::Lost(LossReason::Expired));
+    assert!(a.check().is_err());
+    let etcd_deleted = within(5_000, deleted).await.unwrap();
+    eprintln!(
+        "stalled; A's gate closed after {:?}, etcd deleted the key after {:?} ({:?} later)",
+        a_lost - stalled,
+        etcd_deleted - stalled,
+        etcd_deleted - a_lost
+    );
+    assert!(
+        a_lost < etcd_deleted,
+        "the gate closes before etcd's expiry"
+    );
+
+    let b = within(
+        3_000,
+        acquire(Arc::new(direct.clone()), "orders", config(2_000)),
+    )
+    .await
+    .expect("B acquires after etcd's expiry");
+    assert!(b.fence() > a_fence);
+    storage.write(b.check().unwrap()).unwrap();
+    assert!(storage.write(a_fence).is_err(), "A's late write is refused");
+    storage.assert_no_stale_admitted();
+    proxy.stall(false);
+}

@@ -1,8 +1,10 @@
-//! Test support: real etcd members on loopback ([`etcd`]), the service on them, a
-//! fence-guarded storage, and bounded, event-driven waits.
+//! Test support: real etcd members on loopback ([`etcd`]), a proxy that can stall
+//! ([`proxy`]), the service on them, a fence-guarded storage, and bounded,
+//! event-driven waits.
 #![allow(dead_code)]
 
 pub mod etcd;
+pub mod proxy;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, Once};
