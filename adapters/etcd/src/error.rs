@@ -10,6 +10,8 @@ use leasehold::Indeterminate;
 pub enum Op {
     /// Connecting (building the client).
     Connect,
+    /// The read of the key that starts an acquire.
+    Read,
     /// `LeaseGrant` for an acquire.
     Grant,
     /// The acquire transaction (`create_revision == 0` → put).
@@ -33,6 +35,7 @@ impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Op::Connect => "connect",
+            Op::Read => "read key",
             Op::Grant => "lease grant",
             Op::Acquire => "acquire txn",
             Op::KeepAlive => "lease keep-alive",

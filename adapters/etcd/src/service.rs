@@ -404,13 +404,16 @@ impl EtcdLockService {
 
     /// Acquires `key` for `token` for `ttl` (rounded up to whole seconds).
     ///
-    /// 1. `LeaseGrant` with the TTL; etcd answers the TTL it applied.
-    /// 2. One transaction: if `create_revision(key) == 0`, put `key = token` attached
+    /// 1. Read the key. If it exists, no lease is granted: it holds `token` (an
+    ///    earlier attempt succeeded but its answer was lost) → keep *its* lease alive,
+    ///    check it, and answer its fence again; anything else →
+    ///    [`Acquired::HeldByAnother`]. A contender waiting for a held key costs etcd
+    ///    one read per attempt, no writes.
+    /// 2. Otherwise `LeaseGrant` with the TTL; etcd answers the TTL it applied.
+    /// 3. One transaction: if `create_revision(key) == 0`, put `key = token` attached
     ///    to the new lease → [`Acquired::Granted`] with the key's `create_revision` as
-    ///    the fence. Otherwise read the key: if it holds `token` (an earlier attempt
-    ///    succeeded but its answer was lost), keep *its* lease alive, check it, and
-    ///    answer its fence again; if it holds anything else, [`Acquired::HeldByAnother`].
-    ///    The new lease is revoked (in the background) whenever it is not used.
+    ///    the fence; otherwise (created since the read) read it again and answer as
+    ///    in 1, revoking the new lease in the background.
     ///
     /// The granted TTL counts from after the request was sent (the lease is granted, or
     /// kept alive, after it), so a deadline the caller computes from its send time is
@@ -423,6 +426,12 @@ impl EtcdLockService {
     ) -> Result<Acquired, EtcdLockError> {
         let key_b = key_bytes(Op::Acquire, key)?;
         let secs = ttl_secs(ttl)?;
+
+        let current = self.get(Op::Read, &key_b).await?.0;
+        if let Some(kv) = current.kvs.first() {
+            return self.already_held(key, &key_b, token, kv).await;
+        }
+
         let grant = self
             .call(
                 Op::Grant,
@@ -457,45 +466,58 @@ impl EtcdLockService {
         // On an error the put may have happened: the lease is left alone, for a retry
         // to find (and re-grant) it. Unused, it expires by itself after its TTL.
         let answer = self.txn(Op::Acquire, txn).await?.0;
-        if answer.succeeded {
-            let kv = range_kv(Op::Acquire, &answer, 1)?.ok_or_else(|| {
-                EtcdLockError::protocol(Op::Acquire, "the key is missing right after its put")
-            })?;
-            if kv.value != value.as_bytes() || kv.lease != lease || kv.create_revision <= 0 {
+        if !answer.succeeded {
+            // Created since the read.
+            self.revoke_in_background(lease, "unused grant");
+            let Some(kv) = range_kv(Op::Acquire, &answer, 0)? else {
+                // Deleted between the compare and the read cannot happen inside one
+                // transaction; the reply is inconsistent.
                 return Err(EtcdLockError::protocol(
                     Op::Acquire,
-                    format_args!(
-                        "the key as put (lease {lease}), etcd answered lease {} create_revision {}",
-                        kv.lease, kv.create_revision
-                    ),
+                    "create_revision != 0 but no key in the same transaction",
                 ));
-            }
-            let held = Held {
-                lease,
-                revision: kv.create_revision,
             };
-            if let Some(old) = self.remember(key, token, held) {
-                self.revoke_in_background(old.lease, "superseded grant");
-            }
-            return Ok(Acquired::Granted {
-                fence: fence_of(held.revision),
-                ttl: granted,
-                lease,
-                regranted: false,
-            });
+            return self.already_held(key, &key_b, token, kv).await;
         }
 
-        // The key exists: ours from an earlier attempt, or someone else's.
-        self.revoke_in_background(lease, "unused grant");
-        let Some(kv) = range_kv(Op::Acquire, &answer, 0)? else {
-            // Deleted between the compare and the read cannot happen inside one
-            // transaction; the reply is inconsistent.
+        let kv = range_kv(Op::Acquire, &answer, 1)?.ok_or_else(|| {
+            EtcdLockError::protocol(Op::Acquire, "the key is missing right after its put")
+        })?;
+        if kv.value != value.as_bytes() || kv.lease != lease || kv.create_revision <= 0 {
             return Err(EtcdLockError::protocol(
                 Op::Acquire,
-                "create_revision != 0 but no key in the same transaction",
+                format_args!(
+                    "the key as put (lease {lease}), etcd answered lease {} create_revision {}",
+                    kv.lease, kv.create_revision
+                ),
             ));
+        }
+        let held = Held {
+            lease,
+            revision: kv.create_revision,
         };
-        if kv.value != value.as_bytes() || kv.lease == 0 {
+        if let Some(old) = self.remember(key, token, held) {
+            self.revoke_in_background(old.lease, "superseded grant");
+        }
+        Ok(Acquired::Granted {
+            fence: fence_of(held.revision),
+            ttl: granted,
+            lease,
+            regranted: false,
+        })
+    }
+
+    /// The acquire answer for a key that exists as `kv`: held by another, or ours from
+    /// an earlier attempt (re-granted).
+    async fn already_held(
+        &self,
+        key: &str,
+        key_b: &[u8],
+        token: OwnerToken,
+        kv: &PbKeyValue,
+    ) -> Result<Acquired, EtcdLockError> {
+        // A key without a lease was not written by this service.
+        if kv.value != token.encode().as_bytes() || kv.lease == 0 {
             return Ok(Acquired::HeldByAnother);
         }
         let held = Held {
@@ -513,7 +535,7 @@ impl EtcdLockService {
         }
         // Its lease was last kept alive before this request was sent: keep it alive
         // now, so the TTL answered counts from after the send.
-        match self.extend(key, &key_b, token, held).await? {
+        match self.extend(key, key_b, token, held).await? {
             Renewed::Extended { ttl } => Ok(Acquired::Granted {
                 fence: fence_of(held.revision),
                 ttl,
@@ -679,7 +701,9 @@ impl EtcdLockService {
 
     /// Releases `token`'s grant of `key`: one transaction deletes the key if it holds
     /// `token`; then the lease is revoked (it holds nothing any more; a failure to
-    /// revoke only leaves it to expire by itself).
+    /// revoke only leaves it to expire by itself). If the transaction fails, the lease
+    /// this service knows for the grant is revoked in the background, which deletes the
+    /// key too if it is still attached.
     pub async fn try_release(
         &self,
         key: &str,
@@ -697,8 +721,19 @@ impl EtcdLockService {
                 key_b.clone(),
                 Some(DeleteOptions::new().with_prev_key()),
             )]);
-        let answer = self.txn(Op::Release, txn).await?.0;
+        // Release is the last request of a term: the grant is forgotten whatever the
+        // answer, so a failed release leaves nothing behind in this service.
         let known = self.forget(key, token);
+        let answer = match self.txn(Op::Release, txn).await {
+            Ok(answer) => answer.0,
+            Err(err) => {
+                // Revoking our own lease deletes the key if it is still attached.
+                if let Some(held) = known {
+                    self.revoke_in_background(held.lease, "release failed");
+                }
+                return Err(err);
+            }
+        };
         if !answer.succeeded {
             if let Some(held) = known {
                 self.revoke_in_background(held.lease, "released after loss");
