@@ -18,17 +18,18 @@ pub const MAX_TTL_SECS: i64 = 9_000_000_000;
 
 /// A lock service on etcd v3: one lease per grant, the key attached to it.
 ///
-/// `Clone` is cheap (the gRPC channel is shared); the lease ids of the grants it made
-/// are shared between clones. See the [crate docs](crate) for what each request does.
+/// `Clone` is cheap: clones share the gRPC channel and the table of grants (the etcd
+/// lease id of each grant made). See the [crate docs](crate) for what each request
+/// does.
 #[derive(Clone)]
 pub struct EtcdLockService {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    client: Client,
+    shared: Arc<Shared>,
     request_timeout: Option<std::time::Duration>,
     watch_retry: std::time::Duration,
+}
+
+struct Shared {
+    client: Client,
     /// The etcd lease behind each grant this service made, by key and token: the
     /// trait passes only key and token, etcd needs the lease id.
     held: Mutex<HashMap<(Box<str>, OwnerToken), Held>>,
@@ -46,7 +47,7 @@ struct Held {
 impl std::fmt::Debug for EtcdLockService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdLockService")
-            .field("request_timeout", &self.inner.request_timeout)
+            .field("request_timeout", &self.request_timeout)
             .field("grants", &self.grants())
             .finish_non_exhaustive()
     }
@@ -283,52 +284,32 @@ impl EtcdLockService {
     /// [`with_request_timeout`](Self::with_request_timeout)).
     pub fn from_client(client: Client) -> EtcdLockService {
         EtcdLockService {
-            inner: Arc::new(Inner {
+            shared: Arc::new(Shared {
                 client,
-                request_timeout: Some(std::time::Duration::from_secs(5)),
-                watch_retry: std::time::Duration::from_millis(100),
                 held: Mutex::new(HashMap::new()),
             }),
+            request_timeout: Some(std::time::Duration::from_secs(5)),
+            watch_retry: std::time::Duration::from_millis(100),
         }
     }
 
-    /// The same service with another bound on each etcd call. Call it before cloning:
-    /// it makes a service with its own (empty) table of grants.
-    pub fn with_request_timeout(self, timeout: Option<std::time::Duration>) -> EtcdLockService {
-        let inner = self.into_parts();
-        EtcdLockService {
-            inner: Arc::new(Inner {
-                request_timeout: timeout,
-                ..inner
-            }),
-        }
+    /// The same service (same channel, same table of grants) with another bound on
+    /// each etcd call (`None`: unbounded).
+    pub fn with_request_timeout(mut self, timeout: Option<std::time::Duration>) -> Self {
+        self.request_timeout = timeout;
+        self
     }
 
-    fn with_watch_retry(self, wait: std::time::Duration) -> EtcdLockService {
-        let inner = self.into_parts();
-        EtcdLockService {
-            inner: Arc::new(Inner {
-                watch_retry: wait,
-                ..inner
-            }),
-        }
-    }
-
-    fn into_parts(self) -> Inner {
-        match Arc::try_unwrap(self.inner) {
-            Ok(inner) => inner,
-            Err(shared) => Inner {
-                client: shared.client.clone(),
-                request_timeout: shared.request_timeout,
-                watch_retry: shared.watch_retry,
-                held: Mutex::new(HashMap::new()),
-            },
-        }
+    /// The same service with another first pause before a failed revocation watch is
+    /// tried again (see [`Builder::watch_retry`]).
+    pub fn with_watch_retry(mut self, wait: std::time::Duration) -> Self {
+        self.watch_retry = wait;
+        self
     }
 
     /// The etcd client (for anything this crate does not do).
     pub fn client(&self) -> &Client {
-        &self.inner.client
+        &self.shared.client
     }
 
     /// The etcd lease behind `token`'s grant of `key`, if this service made it and it
@@ -345,7 +326,7 @@ impl EtcdLockService {
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<(Box<str>, OwnerToken), Held>> {
         // The map is only ever replaced whole-entry; a panic elsewhere cannot leave a
         // half-written entry behind, so a poisoned lock is still usable.
-        self.inner
+        self.shared
             .held
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -897,7 +878,7 @@ impl EtcdLockService {
         let attempts = async {
             let mut left = UNSENT_ATTEMPTS;
             loop {
-                let answer = request(self.inner.client.clone()).await;
+                let answer = request(self.shared.client.clone()).await;
                 match &answer {
                     Err(err) if left > 1 && never_sent(err) => {
                         left -= 1;
@@ -907,7 +888,7 @@ impl EtcdLockService {
                 }
             }
         };
-        match self.inner.request_timeout {
+        match self.request_timeout {
             Some(after) => tokio::time::timeout(after, attempts)
                 .await
                 .map_err(|_| EtcdLockError::Timeout { op, after }),
@@ -1009,7 +990,7 @@ impl LockService for EtcdLockService {
     /// retried after a pause that doubles from the configured `watch_retry` up to
     /// 16× it; it never completes for an error.
     async fn revoked(&self, key: &str, token: OwnerToken, fence: Fence) {
-        let mut pause = self.inner.watch_retry;
+        let mut pause = self.watch_retry;
         loop {
             match self.watch_revocation(key, token, fence).await {
                 Ok(Revoked { why, revision }) => {
@@ -1019,7 +1000,7 @@ impl LockService for EtcdLockService {
                 Err(err) => {
                     tracing::debug!(key, %token, op = %err.op(), error = %err, retry_in = ?pause, "revocation watch failed; watching again");
                     tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(self.inner.watch_retry * 16);
+                    pause = (pause * 2).min(self.watch_retry * 16);
                 }
             }
         }
