@@ -542,7 +542,10 @@ async fn requests_etcd_cannot_express_are_refused_before_sending() {
 /// Without the `etcd` binary the tests fail, naming the package to install.
 #[test]
 fn a_missing_etcd_binary_fails_naming_the_debian_package() {
-    let empty = std::env::temp_dir().join("leasehold-etcd-no-binary-here");
+    let empty = std::env::temp_dir().join(format!(
+        "leasehold-etcd-no-binary-here-{}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&empty).unwrap();
     let failure = std::panic::catch_unwind(|| {
         support::etcd::find_binary(Some(empty.clone().into_os_string()))
@@ -553,6 +556,7 @@ fn a_missing_etcd_binary_fails_naming_the_debian_package() {
         .cloned()
         .or_else(|| failure.downcast_ref::<&str>().map(|s| s.to_string()))
         .unwrap_or_default();
+    let _ = std::fs::remove_dir(&empty);
     assert!(message.contains("etcd-server"), "{message}");
     // And the real lookup finds it on this machine.
     assert!(support::etcd::binary().is_file());
