@@ -1,0 +1,391 @@
+//! Leases driven by the tokio adapter (`leasehold_tokio::acquire`) on real etcd: the
+//! watch ending a lease, a member restarting under a held lease, etcd down longer than
+//! the TTL, and a 3-member cluster losing its leader. Storage behind a `FenceGate`
+//! checks that no write of an old holder is admitted after a newer fence.
+
+mod support;
+
+use std::sync::Arc;
+
+use leasehold::{Event, LossReason};
+use leasehold_etcd::{EtcdLockService, NotHeld, Renewed};
+use leasehold_tokio::{acquire, try_acquire, AcquireError, LeaseEnd, LeaseHandle, TimedEvent};
+use support::{config, ms, service, std_ms, token, value, within, Cluster, Storage, Timing};
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+
+async fn hold(service: &EtcdLockService, key: &str, ttl_ms: u64) -> LeaseHandle {
+    within(
+        5_000,
+        acquire(Arc::new(service.clone()), key, config(ttl_ms)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("acquire {key}: {e}"))
+}
+
+/// The next `Renewed` event seen after `after`, or the loss if one comes first.
+async fn renewed_after(
+    events: &mut broadcast::Receiver<TimedEvent>,
+    after: Instant,
+) -> Result<Instant, LossReason> {
+    loop {
+        match events.recv().await {
+            Ok(TimedEvent {
+                at,
+                event: Event::Renewed { .. },
+                ..
+            }) if at > after => return Ok(at),
+            Ok(TimedEvent {
+                event: Event::Lost { reason },
+                ..
+            }) => return Err(reason),
+            Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+            Err(broadcast::error::RecvError::Closed) => panic!("the lease's events ended"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tokio_lease_renews_and_releases() {
+    let cluster = Cluster::single();
+    let service = service(&cluster).await;
+    let mut outside = cluster.client().await;
+    let lease = hold(&service, "orders", 2_000).await;
+    let mut events = lease.events();
+    let start = Instant::now();
+    for _ in 0..2 {
+        within(2_000, renewed_after(&mut events, start))
+            .await
+            .expect("renewed");
+    }
+    assert_eq!(lease.check(), Ok(lease.fence()));
+    assert_eq!(
+        value(&mut outside, "orders").await.as_deref(),
+        Some(lease.token().encode().as_str())
+    );
+    assert_eq!(within(2_000, lease.release()).await, LeaseEnd::Released);
+    assert_eq!(value(&mut outside, "orders").await, None);
+    assert_eq!(service.grants(), 0);
+    assert!(lease.check().is_err());
+}
+
+/// Right after a renewal (the next one is a whole renew interval away), the key is
+/// deleted from outside; then, on another key, the lease is revoked from outside. The
+/// watch ends each lease with `Lost(Revoked)` within a fraction of the renew interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watch_ends_the_lease_with_revoked_promptly() {
+    let cluster = Cluster::single();
+    let service = service(&cluster).await;
+    let mut outside = cluster.client().await;
+    for key in ["deleted", "revoked"] {
+        // TTL 3 s: renewals every 1 s.
+        let lease = hold(&service, key, 3_000).await;
+        let mut events = lease.events();
+        within(2_000, renewed_after(&mut events, Instant::now()))
+            .await
+            .expect("renewed");
+        let at = Instant::now();
+        match key {
+            "deleted" => {
+                outside.delete(key, None).await.unwrap();
+            }
+            _ => {
+                let id = service.lease_id(key, lease.token()).expect("tracked");
+                outside.lease_revoke(id).await.unwrap();
+            }
+        }
+        let end = within(900, lease.lost()).await;
+        let took = at.elapsed();
+        assert_eq!(end, LeaseEnd::Lost(LossReason::Revoked), "{key}");
+        assert!(lease.check().is_err());
+        eprintln!("{key}: outside action → Lost(Revoked) in {took:?} (renew interval 1 s)");
+        assert!(took < std_ms(500), "{key}: {took:?}");
+    }
+}
+
+/// etcd keeps leases (and their keys) in its database; a restarted member restores
+/// them with a fresh TTL. A holder whose renewals were only briefly refused keeps its
+/// lease: same fence, renewals resume, the watch reconnects without a false loss, and a
+/// contender is refused until the holder releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_restart_while_holding_keeps_the_lease() {
+    let mut cluster = Cluster::single();
+    let service = service(&cluster).await;
+    let storage = Storage::default();
+    // TTL 3 s: the safe deadline is ~2.8 s after each renewal is sent.
+    let a = hold(&service, "orders", 3_000).await;
+    let mut events = a.events();
+    within(2_000, renewed_after(&mut events, Instant::now()))
+        .await
+        .expect("renewed");
+    storage.write(a.check().unwrap()).unwrap();
+
+    let down = Instant::now();
+    tokio::task::block_in_place(|| cluster.restart(0));
+    eprintln!("etcd restarted in {:?}", down.elapsed());
+    let renewed = within(3_000, renewed_after(&mut events, down))
+        .await
+        .expect("the lease survives the restart");
+    eprintln!("first renewal after the kill: {:?} later", renewed - down);
+    assert_eq!(a.check(), Ok(a.fence()), "same term, same fence");
+    storage.write(a.check().unwrap()).unwrap();
+
+    let b_service = service.clone();
+    let refused = within(
+        3_000,
+        try_acquire(Arc::new(b_service), "orders", config(3_000)),
+    )
+    .await;
+    assert_eq!(refused.err(), Some(AcquireError::HeldByAnother));
+
+    let a_fence = a.fence();
+    assert_eq!(within(2_000, a.release()).await, LeaseEnd::Released);
+    let b = hold(&service, "orders", 3_000).await;
+    assert!(b.fence() > a_fence, "{} > {a_fence}", b.fence());
+    storage.write(b.check().unwrap()).unwrap();
+    assert!(storage.write(a_fence).is_err(), "A's late write is refused");
+    storage.assert_no_stale_admitted();
+}
+
+/// etcd is down for longer than the TTL. The holder's gate closes at its safe deadline
+/// (`Lost(Expired)`). The restarted member restores the lease with a fresh TTL, so the
+/// key is only free a TTL later: the contender gets it then, with a higher fence, and
+/// the old holder's late write is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_down_longer_than_the_ttl_loses_the_lease_safely() {
+    let mut cluster = Cluster::single();
+    let service = service(&cluster).await;
+    let storage = Storage::default();
+    let a = hold(&service, "orders", 2_000).await;
+    let a_fence = a.check().unwrap();
+    storage.write(a_fence).unwrap();
+
+    let down = Instant::now();
+    cluster.kill(0);
+    let end = within(3_000, a.lost()).await;
+    let a_lost = Instant::now();
+    assert_eq!(end, LeaseEnd::Lost(LossReason::Expired));
+    assert!(a.check().is_err());
+    eprintln!("etcd killed; A lost its lease {:?} later", a_lost - down);
+
+    tokio::task::block_in_place(|| {
+        cluster.start_member(0);
+        cluster.wait_healthy(0);
+    });
+    let back = Instant::now();
+    let b = within(
+        8_000,
+        acquire(Arc::new(service.clone()), "orders", config(2_000)),
+    )
+    .await
+    .expect("B acquires once etcd expires A's lease");
+    let b_granted = Instant::now();
+    eprintln!(
+        "etcd back {:?} after the kill; B granted {:?} after that (etcd restored A's lease \
+         with a fresh TTL), {:?} after A's gate closed",
+        back - down,
+        b_granted - back,
+        b_granted - a_lost
+    );
+    assert!(b.fence() > a_fence, "{} > {a_fence}", b.fence());
+    assert!(a_lost < b_granted);
+    storage.write(b.check().unwrap()).unwrap();
+    assert!(storage.write(a_fence).is_err(), "A's late write is refused");
+    storage.assert_no_stale_admitted();
+    // A's token is not the owner at etcd either.
+    let renewed = service
+        .try_renew("orders", a.token(), a_fence)
+        .await
+        .unwrap();
+    assert!(matches!(renewed, Renewed::NotOwner(_)), "{renewed:?}");
+}
+
+/// Three members on loopback; the leader is killed while two leases are held: one
+/// renewed by the tokio adapter, one whose holder stopped renewing (crashed). etcd
+/// leases survive a leader change (the new leader restores them with a fresh TTL), so
+/// the renewed lease is kept — renewals go through the survivors — and a contender is
+/// refused; the crashed holder's lease expires and a contender gets that key with a
+/// higher fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_members_leader_killed_while_holding() {
+    let mut cluster = Cluster::start(3, Timing::FAST);
+    let service = service(&cluster).await;
+    let storage = Storage::default();
+
+    let a = hold(&service, "orders", 3_000).await;
+    let mut events = a.events();
+    let crashed = token();
+    let crashed_fence = match service
+        .try_acquire("jobs", crashed, ms(2_000))
+        .await
+        .unwrap()
+    {
+        leasehold_etcd::Acquired::Granted { fence, .. } => fence,
+        other => panic!("{other:?}"),
+    };
+    storage.write(crashed_fence).unwrap();
+
+    let leader = cluster.leader(std_ms(5_000)).await;
+    let killed = Instant::now();
+    cluster.kill(leader);
+    let new_leader = cluster.leader(std_ms(5_000)).await;
+    assert_ne!(new_leader, leader);
+    eprintln!(
+        "leader m{leader} killed; m{new_leader} leads after {:?}",
+        killed.elapsed()
+    );
+
+    // The renewed lease survives: a renewal confirmed after the kill.
+    let renewed = within(4_000, renewed_after(&mut events, killed))
+        .await
+        .expect("A's lease survives the leader change");
+    eprintln!("A renewed {:?} after the kill", renewed - killed);
+    assert_eq!(a.check(), Ok(a.fence()));
+    let refused = within(
+        3_000,
+        try_acquire(Arc::new(service.clone()), "orders", config(3_000)),
+    )
+    .await;
+    assert_eq!(refused.err(), Some(AcquireError::HeldByAnother));
+
+    // The crashed holder's lease expires; a contender then gets the key.
+    let b = within(
+        8_000,
+        acquire(Arc::new(service.clone()), "jobs", config(2_000)),
+    )
+    .await
+    .expect("B acquires after the crashed holder's lease expires");
+    eprintln!("B granted `jobs` {:?} after the kill", killed.elapsed());
+    assert!(b.fence() > crashed_fence, "{} > {crashed_fence}", b.fence());
+    storage.write(b.check().unwrap()).unwrap();
+    assert!(
+        storage.write(crashed_fence).is_err(),
+        "the crashed holder's late write is refused"
+    );
+    assert_eq!(
+        service
+            .try_renew("jobs", crashed, crashed_fence)
+            .await
+            .unwrap(),
+        Renewed::NotOwner(NotHeld::LeaseGone)
+    );
+    storage.assert_no_stale_admitted();
+    assert_eq!(within(2_000, a.release()).await, LeaseEnd::Released);
+}
+
+/// Three clients take turns on one key through the tokio adapter, each holding it
+/// briefly, writing to fenced storage before every write check. Every grant has a
+/// higher fence than the one before, no two holders' checks ever pass at once, and
+/// storage never refuses a write made while `check()` passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contenders_take_turns_with_increasing_fences() {
+    let cluster = Cluster::single();
+    let service = Arc::new(service(&cluster).await);
+    let storage = Storage::default();
+    let holders = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let grants = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let (service, storage, holders, grants) = (
+            service.clone(),
+            storage.clone(),
+            holders.clone(),
+            grants.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..3 {
+                let lease = acquire(service.clone(), "turns", config(2_000))
+                    .await
+                    .expect("acquire");
+                let inside = holders.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                assert_eq!(inside, 0, "two holders at once");
+                grants.lock().unwrap().push(lease.fence());
+                for _ in 0..5 {
+                    let fence = lease.check().expect("held");
+                    storage
+                        .write(fence)
+                        .expect("a current holder's write is admitted");
+                    tokio::time::sleep(std_ms(10)).await;
+                }
+                holders.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                assert_eq!(lease.release().await, LeaseEnd::Released);
+            }
+        }));
+    }
+    for task in tasks {
+        within(30_000, task).await.expect("contender");
+    }
+    let grants = grants.lock().unwrap().clone();
+    assert_eq!(grants.len(), 9);
+    assert!(grants.windows(2).all(|w| w[0] < w[1]), "{grants:?}");
+    storage.assert_no_stale_admitted();
+}
+
+/// The holder talks to etcd through a proxy that stops forwarding (connections stay
+/// open, nothing moves): renewals time out, and the holder's gate closes at its safe
+/// deadline — before etcd expires the key, as seen by an outside watcher. A contender
+/// connected directly then gets the key with a higher fence; the holder's late write is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_network_closes_the_gate_before_etcd_expires_the_key() {
+    let cluster = Cluster::single();
+    let proxy = support::proxy::Proxy::start(cluster.members[0].client_port).await;
+    let through_proxy = support::service_on(vec![proxy.endpoint()]).await;
+    let direct = service(&cluster).await;
+    let storage = Storage::default();
+
+    let a = hold(&through_proxy, "orders", 2_000).await;
+    let a_fence = a.check().unwrap();
+    storage.write(a_fence).unwrap();
+
+    // Outside: when does etcd delete the key?
+    let mut outside = cluster.client().await;
+    let mut watch = outside.watch("orders", None).await.unwrap();
+    let deleted = tokio::spawn(async move {
+        while let Ok(Some(answer)) = watch.message().await {
+            if answer
+                .events()
+                .iter()
+                .any(|e| e.event_type() == etcd_client::EventType::Delete)
+            {
+                return Instant::now();
+            }
+        }
+        panic!("the outside watch ended");
+    });
+
+    let mut events = a.events();
+    within(2_000, renewed_after(&mut events, Instant::now()))
+        .await
+        .expect("renewed");
+    let stalled = Instant::now();
+    proxy.stall(true);
+
+    let end = within(3_000, a.lost()).await;
+    let a_lost = Instant::now();
+    assert_eq!(end, LeaseEnd::Lost(LossReason::Expired));
+    assert!(a.check().is_err());
+    let etcd_deleted = within(5_000, deleted).await.unwrap();
+    eprintln!(
+        "stalled; A's gate closed after {:?}, etcd deleted the key after {:?} ({:?} later)",
+        a_lost - stalled,
+        etcd_deleted - stalled,
+        etcd_deleted - a_lost
+    );
+    assert!(
+        a_lost < etcd_deleted,
+        "the gate closes before etcd's expiry"
+    );
+
+    let b = within(
+        3_000,
+        acquire(Arc::new(direct.clone()), "orders", config(2_000)),
+    )
+    .await
+    .expect("B acquires after etcd's expiry");
+    assert!(b.fence() > a_fence);
+    storage.write(b.check().unwrap()).unwrap();
+    assert!(storage.write(a_fence).is_err(), "A's late write is refused");
+    storage.assert_no_stale_admitted();
+    proxy.stall(false);
+}
