@@ -171,7 +171,7 @@ pub async fn gateway() {
                 holder = Some((token, held, expires));
                 Answer::Renew(RenewOutcome::Renewed { ttl: granted })
             }
-            (Op::Renew(_), _) => Answer::Renew(RenewOutcome::NotOwner),
+            (Op::Renew(..), _) => Answer::Renew(RenewOutcome::NotOwner),
             (Op::Release, Some((token, _, _))) if token == frame.token => {
                 holder = None;
                 Answer::Release(ReleaseOutcome::Released)
