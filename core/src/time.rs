@@ -226,13 +226,16 @@ impl Duration {
 /// `x = 1_000_000 q + (64 r + x mod 64)` with the remainder below one million.
 const fn div_rem_million(x: u64) -> (u64, u64) {
     const DIVISOR: u32 = 15_625;
-    let y = x >> 6;
+    // The digits are taken from the top of `y`, which shifts left by a constant 16:
+    // a variable 64-bit shift would be a library call on a 32-bit MCU.
+    let mut y = x >> 6;
     let mut quotient: u64 = 0;
     let mut rem: u32 = 0;
-    let mut shift: u32 = 64;
-    while shift > 0 {
-        shift = shift.wrapping_sub(16);
-        let digit = (y.wrapping_shr(shift) & 0xffff) as u32;
+    let mut digits: u32 = 0;
+    while digits < 4 {
+        digits = digits.wrapping_add(1);
+        let digit = (y >> 48) as u32;
+        y <<= 16;
         // `rem < 15_625 < 2^14`, so this stays below 2^30.
         let partial = (rem << 16) | digit;
         quotient = (quotient << 16) | partial.wrapping_div(DIVISOR) as u64;
