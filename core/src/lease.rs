@@ -470,9 +470,8 @@ impl Lease {
         outcome: AcquireOutcome,
         gate: &WriteGate,
     ) -> Result<(), StaleResponse> {
-        let now = self.advance(now);
-        self.expire_if_due(now, gate);
-        self.take_response(id, RequestKind::Acquire)?;
+        self.accept_response(now, id, RequestKind::Acquire, gate)?;
+        let now = self.now();
         match outcome {
             AcquireOutcome::Granted { fence, ttl } => {
                 match self.config.safe_deadline(self.sent_at, ttl) {
@@ -507,9 +506,8 @@ impl Lease {
         outcome: RenewOutcome,
         gate: &WriteGate,
     ) -> Result<(), StaleResponse> {
-        let now = self.advance(now);
-        self.expire_if_due(now, gate);
-        self.take_response(id, RequestKind::Renew)?;
+        self.accept_response(now, id, RequestKind::Renew, gate)?;
+        let now = self.now();
         match outcome {
             RenewOutcome::Renewed { ttl } => match self.config.safe_deadline(self.sent_at, ttl) {
                 Some(deadline) if now < deadline && deadline >= self.deadline => {
@@ -537,9 +535,7 @@ impl Lease {
         outcome: ReleaseOutcome,
         gate: &WriteGate,
     ) -> Result<(), StaleResponse> {
-        let now = self.advance(now);
-        self.expire_if_due(now, gate);
-        self.take_response(id, RequestKind::Release)?;
+        self.accept_response(now, id, RequestKind::Release, gate)?;
         let _ = outcome;
         self.release_answered();
         Ok(())
@@ -652,6 +648,21 @@ impl Lease {
         } else {
             false
         }
+    }
+
+    /// The start of every `handle_*_response`: time moves on (read it back with
+    /// [`now`](Self::now)), a deadline that passed ends the term, then the answer is
+    /// taken only if it is for the request in flight.
+    fn accept_response(
+        &mut self,
+        now: Instant,
+        id: RequestId,
+        kind: RequestKind,
+        gate: &WriteGate,
+    ) -> Result<(), StaleResponse> {
+        let now = self.advance(now);
+        self.expire_if_due(now, gate);
+        self.take_response(id, kind)
     }
 
     /// Accepts the answer only if it is for the request in flight.
