@@ -477,11 +477,7 @@ impl Lease {
                 match self.config.safe_deadline(self.sent_at, ttl) {
                     Some(deadline) if now < deadline => {
                         self.fence = fence;
-                        self.deadline = deadline;
-                        self.state = State::Holding;
-                        gate.publish_held(self.term, fence, deadline);
-                        self.schedule_renewal(now);
-                        self.emit(EventKind::Acquired);
+                        self.hold(deadline, now, EventKind::Acquired, gate);
                     }
                     // Granted, but already past what the grant itself allows: the gate
                     // never opens; free the key for others, best effort.
@@ -511,12 +507,7 @@ impl Lease {
         match outcome {
             RenewOutcome::Renewed { ttl } => match self.config.safe_deadline(self.sent_at, ttl) {
                 Some(deadline) if now < deadline && deadline >= self.deadline => {
-                    self.deadline = deadline;
-                    self.paused = false;
-                    self.state = State::Holding;
-                    gate.publish_held(self.term, self.fence, deadline);
-                    self.schedule_renewal(now);
-                    self.emit(EventKind::Renewed);
+                    self.hold(deadline, now, EventKind::Renewed, gate);
                 }
                 Some(deadline) if now < deadline => self.lose(LossReason::Shortened, now, gate),
                 _ => self.renew_indeterminate(now, Indeterminate::LateSuccess, gate),
@@ -689,6 +680,17 @@ impl Lease {
         if self.event.replace(event).is_some() {
             self.stats.overwritten_events = self.stats.overwritten_events.saturating_add(1);
         }
+    }
+
+    /// A grant or a renewal until `deadline` was confirmed: the gate opens (or stays
+    /// open, unpaused) until then, and the next renewal is scheduled.
+    fn hold(&mut self, deadline: Instant, now: Instant, event: EventKind, gate: &WriteGate) {
+        self.deadline = deadline;
+        self.paused = false;
+        self.state = State::Holding;
+        gate.publish_held(self.term, self.fence, deadline);
+        self.schedule_renewal(now);
+        self.emit(event);
     }
 
     /// Next renewal: `renew_interval` after the confirmed request was *sent*, so the
