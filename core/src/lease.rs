@@ -401,25 +401,20 @@ impl Lease {
     pub fn release(&mut self, now: Instant, gate: &WriteGate) -> Result<(), NotActive> {
         let now = self.advance(now);
         match self.state {
-            State::Holding | State::RenewPending => {
-                gate.publish_released(self.term, self.fence);
-                self.paused = false;
-                self.state = State::Releasing;
-                self.send(RequestKind::Release, now);
-            }
-            State::Acquiring if self.in_flight == Some(RequestKind::Acquire) => {
-                gate.publish_released(self.term, self.fence);
-                self.state = State::Releasing;
-                self.send(RequestKind::Release, now);
-            }
-            State::Acquiring => {
-                gate.publish_released(self.term, self.fence);
-                self.finish_release();
-            }
-            State::Releasing => {}
+            State::Acquiring | State::Holding | State::RenewPending => {}
+            State::Releasing => return Ok(()),
             state @ (State::Idle | State::Lost(_) | State::Released) => {
                 return Err(NotActive { state })
             }
+        }
+        gate.publish_released(self.term, self.fence);
+        self.paused = false;
+        if self.state == State::Acquiring && self.in_flight != Some(RequestKind::Acquire) {
+            // No acquire in flight: nothing can have been granted, nothing to delete.
+            self.finish_release();
+        } else {
+            self.state = State::Releasing;
+            self.send(RequestKind::Release, now);
         }
         Ok(())
     }
