@@ -678,6 +678,12 @@ impl Lease {
         }
     }
 
+    /// Puts a new request of `kind` in flight (superseding any other) for
+    /// `poll_action` to hand out.
+    ///
+    /// Out of line: acquire, release, renewals and retries all send, and one copy is
+    /// smaller than the 64-bit id increment and stores inlined in each.
+    #[inline(never)]
     fn send(&mut self, kind: RequestKind, now: Instant) {
         self.last_id = self.last_id.wrapping_add(1);
         self.in_flight = Some(kind);
