@@ -67,6 +67,11 @@ use crate::{
 /// ```
 #[derive(Clone, Debug)]
 pub struct Lease {
+    // Field order matters for code size: `new` stores the fields in this order, LLVM
+    // merges consecutive zero stores into one memset, and a memset of more than 16
+    // bytes is a call to compiler-builtins' `memclr` (174 B on thumbv7em) that the rest
+    // of a firmware may not link. `next_send` (MAX) and `state` (Idle) are not zero:
+    // they split the zeroed fields into short runs.
     config: Config,
     /// Latest `now` seen; earlier ones are clamped to it.
     latest: Instant,
@@ -78,10 +83,10 @@ pub struct Lease {
     sent_at: Instant,
     /// Id of the newest request; the one in flight, if any.
     last_id: u64,
-    fence: Fence,
-    stats: Stats,
     term: Term,
     state: State,
+    fence: Fence,
+    stats: Stats,
     in_flight: Option<RequestKind>,
     /// `in_flight` has not been handed out by `poll_action` yet.
     action_pending: bool,
@@ -310,13 +315,13 @@ impl Lease {
             next_send: Instant::MAX,
             sent_at: Instant::ZERO,
             last_id: 0,
+            term: Term(0),
+            state: State::Idle,
             fence: Fence(0),
             stats: Stats {
                 stale_responses: 0,
                 overwritten_events: 0,
             },
-            term: Term(0),
-            state: State::Idle,
             in_flight: None,
             action_pending: false,
             paused: false,
