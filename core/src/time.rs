@@ -83,7 +83,7 @@ impl Instant {
     /// `self + d`, clamped to [`Instant::MAX`].
     pub const fn saturating_add(self, d: Duration) -> Instant {
         Instant {
-            micros: self.micros.saturating_add(d.micros),
+            micros: saturating_add(self.micros, d.micros),
         }
     }
 
@@ -169,7 +169,7 @@ impl Duration {
     /// `self + rhs`, clamped to [`Duration::MAX`].
     pub const fn saturating_add(self, rhs: Duration) -> Duration {
         Duration {
-            micros: self.micros.saturating_add(rhs.micros),
+            micros: saturating_add(self.micros, rhs.micros),
         }
     }
 
@@ -217,6 +217,16 @@ impl Duration {
             micros: whole.saturating_add(part),
         }
     }
+}
+
+/// `a + b`, clamped to `u64::MAX`: what `Instant + Duration` and `Duration + Duration`
+/// do.
+///
+/// Out of line: on a 32-bit MCU a saturating 64-bit add is a carry chain and two
+/// conditional moves, and the lease computes a dozen deadlines with it.
+#[inline(never)]
+const fn saturating_add(a: u64, b: u64) -> u64 {
+    a.saturating_add(b)
 }
 
 /// `(x / 1_000_000, x % 1_000_000)`, exactly, using only 32-bit divisions.
