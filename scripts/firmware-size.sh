@@ -15,7 +15,8 @@
 #                   that feature (the core charged for them too), and the next lists
 #                   the compiler-builtins routines the core adds to the baseline's.
 #   driver flash    core-probe --features probe-driver (polls the shared driver loop
-#                   with ready-made futures) minus the bare probe: core + driver.
+#                   with ready-made futures) minus the bare probe: core + driver. Both
+#                   with probe-baseline-builtins, as for the core.
 #   firmware flash  examples/firmware with the lease minus the same firmware without
 #                   it (feature `lease` off: the link traffic by hand, unguarded writes):
 #                   core + driver + adapter + the LocalLockService glue + lease task.
@@ -100,7 +101,7 @@ for target in thumbv7em-none-eabihf thumbv6m-none-eabi; do
     bare_b=$(build "$target" core-probe bare-builtins --no-default-features \
         --features probe-baseline-builtins)
     core_b=$(build "$target" core-probe core-builtins --features probe-baseline-builtins)
-    driver=$(build "$target" core-probe driver --features probe-driver)
+    driver=$(build "$target" core-probe driver --features probe-driver,probe-baseline-builtins)
     base=$(build "$target" firmware baseline --no-default-features)
     full=$(build "$target" firmware lease)
     out[$target.core]=$(($(flash "$core_b") - $(flash "$bare_b")))
@@ -108,7 +109,7 @@ for target in thumbv7em-none-eabihf thumbv6m-none-eabi; do
     # Left out of the core's figure: must all be linked by the baseline firmware.
     out[$target.not_in_base]=$(comm -23 <(builtins "$bare_b") <(builtins "$base") | xargs)
     out[$target.core_builtins]=$(comm -23 <(builtins "$core") <(builtins "$base") | xargs)
-    out[$target.driver]=$(($(flash "$driver") - $(flash "$bare")))
+    out[$target.driver]=$(($(flash "$driver") - $(flash "$bare_b")))
     out[$target.fw_flash]=$(($(flash "$full") - $(flash "$base")))
     out[$target.fw_flash_abs]="$(flash "$full") vs $(flash "$base")"
     out[$target.fw_ram]=$(($(ram "$full") - $(ram "$base")))
