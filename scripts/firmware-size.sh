@@ -6,9 +6,17 @@
 #
 # How each number is made:
 #   core flash      core-probe (calls every core method on opaque inputs) minus the
-#                   same probe without the calls; .text + .rodata.
+#                   same probe without the calls; .text + .rodata. Both builds have
+#                   feature probe-baseline-builtins: they also call the compiler-builtins
+#                   routines that the firmware links without the lease (memcpy; 32-bit
+#                   division on thumbv6m), so the core is not charged for code every
+#                   firmware has; the script fails if the baseline firmware does not
+#                   link one of them. The row below it is the same difference without
+#                   that feature (the core charged for them too), and the next lists
+#                   the compiler-builtins routines the core adds to the baseline's.
 #   driver flash    core-probe --features probe-driver (polls the shared driver loop
-#                   with ready-made futures) minus the bare probe: core + driver.
+#                   with ready-made futures) minus the bare probe: core + driver. Both
+#                   with probe-baseline-builtins, as for the core.
 #   firmware flash  examples/firmware with the lease minus the same firmware without
 #                   it (feature `lease` off: the link traffic by hand, unguarded writes):
 #                   core + driver + adapter + the LocalLockService glue + lease task.
@@ -46,6 +54,11 @@ section() { # elf, section -> bytes
 flash() { echo $(($(section "$1" .text) + $(section "$1" .rodata) + $(section "$1" .data))); }
 ram() { echo $(($(section "$1" .data) + $(section "$1" .bss))); }
 sym() { "$NM" -S -C "$1" | grep -E "$2" | head -1 | { read -r _ size _; echo $((16#$size)); }; }
+
+builtins() { # elf -> the compiler-builtins functions it links, one a line
+    "$NM" -C "$1" | awk '$2 ~ /^[tT]$/ { print $3 }' |
+        grep -E '^(__aeabi_|__udiv|__umod|mem(cpy|set|move|cmp|clr)$|compiler_builtins::)' | sort -u
+}
 
 panic_callers() { # elf -> "function (count)" list of callers of panic routines
     "$OBJDUMP" -d -C "$1" |
@@ -85,11 +98,18 @@ declare -A out
 for target in thumbv7em-none-eabihf thumbv6m-none-eabi; do
     bare=$(build "$target" core-probe bare --no-default-features)
     core=$(build "$target" core-probe core)
-    driver=$(build "$target" core-probe driver --features probe-driver)
+    bare_b=$(build "$target" core-probe bare-builtins --no-default-features \
+        --features probe-baseline-builtins)
+    core_b=$(build "$target" core-probe core-builtins --features probe-baseline-builtins)
+    driver=$(build "$target" core-probe driver --features probe-driver,probe-baseline-builtins)
     base=$(build "$target" firmware baseline --no-default-features)
     full=$(build "$target" firmware lease)
-    out[$target.core]=$(($(flash "$core") - $(flash "$bare")))
-    out[$target.driver]=$(($(flash "$driver") - $(flash "$bare")))
+    out[$target.core]=$(($(flash "$core_b") - $(flash "$bare_b")))
+    out[$target.core_all]=$(($(flash "$core") - $(flash "$bare")))
+    # Left out of the core's figure: must all be linked by the baseline firmware.
+    out[$target.not_in_base]=$(comm -23 <(builtins "$bare_b") <(builtins "$base") | xargs)
+    out[$target.core_builtins]=$(comm -23 <(builtins "$core") <(builtins "$base") | xargs)
+    out[$target.driver]=$(($(flash "$driver") - $(flash "$bare_b")))
     out[$target.fw_flash]=$(($(flash "$full") - $(flash "$base")))
     out[$target.fw_flash_abs]="$(flash "$full") vs $(flash "$base")"
     out[$target.fw_ram]=$(($(ram "$full") - $(ram "$base")))
@@ -99,6 +119,8 @@ for target in thumbv7em-none-eabihf thumbv6m-none-eabi; do
     out[$target.shared]=$(sym "$full" ' firmware::lease::LEASE$')
     out[$target.task]=$(sym "$full" ' firmware::lease::lease_task::POOL$')
     out[$target.core_panic]=$(links_without_panic "$target" core-probe)
+    out[$target.core_b_panic]=$(links_without_panic "$target" core-probe \
+        --features probe-baseline-builtins)
     out[$target.driver_panic]=$(links_without_panic "$target" core-probe --features probe-driver)
     out[$target.fw_panic]=$(links_without_panic "$target" firmware)
     out[$target.driver_callers]=$(panic_callers "$driver")
@@ -132,6 +154,8 @@ echo
 row "measure (bytes)" "thumbv7em (Cortex-M4F)" "thumbv6m (Cortex-M0)"
 row "---" "---" "---"
 row "core flash (.text+.rodata), all of its API" "${out[$v7.core]}" "${out[$v6.core]}"
+row "  same, charging the core the baseline's builtins" "${out[$v7.core_all]}" "${out[$v6.core_all]}"
+row "  compiler-builtins the core adds to the baseline" "${out[$v7.core_builtins]:-none}" "${out[$v6.core_builtins]:-none}"
 row "shared driver loop + the core methods it calls" "${out[$v7.driver]}" "${out[$v6.driver]}"
 row "firmware flash added by the lease (lease - baseline)" "${out[$v7.fw_flash]}" "${out[$v6.fw_flash]}"
 row "  firmware flash, lease vs baseline" "${out[$v7.fw_flash_abs]}" "${out[$v6.fw_flash_abs]}"
@@ -159,6 +183,10 @@ done
 fail=0
 for target in $v7 $v6; do
     [[ ${out[$target.core_panic]} == yes ]] || { echo "FAIL: a panic path in the core ($target)"; fail=1; }
+    [[ ${out[$target.core_b_panic]} == yes ]] ||
+        { echo "FAIL: a panic path in core-probe --features probe-baseline-builtins ($target)"; fail=1; }
+    [[ -z ${out[$target.not_in_base]} ]] ||
+        { echo "FAIL: core-probe leaves out builtins the baseline does not link ($target): ${out[$target.not_in_base]}"; fail=1; }
     ((out[$target.lease] <= 128)) || { echo "FAIL: Lease over 128 B ($target)"; fail=1; }
     ((out[$target.gate] <= 24)) || { echo "FAIL: WriteGate over 24 B ($target)"; fail=1; }
 done

@@ -82,16 +82,6 @@ pub struct BudgetError {
 }
 
 impl Budget {
-    /// The terms in order, for the running sum.
-    const fn terms(&self) -> [(BudgetTerm, Duration); 4] {
-        [
-            (BudgetTerm::WorkP99, self.work_p99),
-            (BudgetTerm::RenewRttP99, self.renew_rtt_p99),
-            (BudgetTerm::PauseBudget, self.pause_budget),
-            (BudgetTerm::Margin, self.margin),
-        ]
-    }
-
     /// `work_p99 + renew_rtt_p99 + pause_budget + margin`, saturating.
     pub const fn total(&self) -> Duration {
         self.work_p99
@@ -102,18 +92,27 @@ impl Budget {
 
     /// Checks `ttl > total()`; on failure names the term that does not fit.
     pub fn check(&self, ttl: Duration) -> Result<(), BudgetError> {
-        let mut sum = Duration::ZERO;
-        for (term, value) in self.terms() {
-            sum = sum.saturating_add(value);
-            if sum >= ttl {
-                return Err(BudgetError {
-                    ttl,
-                    required: self.total(),
-                    failing_term: term,
-                });
-            }
-        }
-        Ok(())
+        // The running sum, in the order of the terms.
+        let work = self.work_p99;
+        let rtt = work.saturating_add(self.renew_rtt_p99);
+        let pause = rtt.saturating_add(self.pause_budget);
+        let required = pause.saturating_add(self.margin);
+        let failing_term = if work >= ttl {
+            BudgetTerm::WorkP99
+        } else if rtt >= ttl {
+            BudgetTerm::RenewRttP99
+        } else if pause >= ttl {
+            BudgetTerm::PauseBudget
+        } else if required >= ttl {
+            BudgetTerm::Margin
+        } else {
+            return Ok(());
+        };
+        Err(BudgetError {
+            ttl,
+            required,
+            failing_term,
+        })
     }
 }
 

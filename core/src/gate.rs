@@ -245,6 +245,11 @@ impl WriteGate {
         self.publish(encode_loss(reason), term, fence, Instant::ZERO);
     }
 
+    /// The writer's side of the protocol: one seqlock write of every word.
+    ///
+    /// Out of line: each `publish_*` is a call to this one copy, where inlined each
+    /// would carry its own seven stores and barriers.
+    #[inline(never)]
     fn publish(&self, code: u32, term: Term, fence: Fence, deadline: Instant) {
         // Only the single writer ever stores `seq`, so this load sees its own last store.
         let seq = self.seq.load(Ordering::Relaxed);

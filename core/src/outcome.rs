@@ -60,25 +60,46 @@ impl Owner {
 impl OwnerToken {
     /// The ASCII form, e.g. `000102030405060708090a0b0c0d0e0f.1c`.
     pub fn encode(&self) -> EncodedToken {
-        let mut out = EncodedToken {
-            buf: [0; EncodedToken::CAPACITY],
-            len: 0,
-        };
-        for byte in self.owner.0 {
-            out.push(hex_digit(byte >> 4));
-            out.push(hex_digit(byte));
+        let term_digits = hex_digits(self.term.0);
+        // Each byte is computed from its index, so the buffer is written once: no zero
+        // fill before the digits go in (a `memset` call on a 32-bit MCU).
+        EncodedToken {
+            buf: core::array::from_fn(|i| self.encoded_byte(i, term_digits)),
+            len: (OWNER_HEX_LEN + 1).wrapping_add(term_digits) as u8,
         }
-        out.push(b'.');
-        let term = self.term.0;
-        let mut started = false;
-        for nibble in (0..8u32).rev() {
-            let digit = (term >> nibble.wrapping_mul(4)) as u8;
-            started |= digit & 0xf != 0 || nibble == 0;
-            if started {
-                out.push(hex_digit(digit));
+    }
+
+    /// Byte `i` of the encoding, whose term has `term_digits` hex digits; zero past
+    /// the end.
+    fn encoded_byte(&self, i: usize, term_digits: u32) -> u8 {
+        let i = i as u32;
+        if i < OWNER_HEX_LEN {
+            let byte = self.owner.0.get((i / 2) as usize).copied().unwrap_or(0);
+            hex_digit(if i % 2 == 0 { byte >> 4 } else { byte })
+        } else if i == OWNER_HEX_LEN {
+            b'.'
+        } else {
+            // Digits still to come after this one; wraps past the last digit.
+            let after = term_digits.wrapping_sub(i.wrapping_sub(OWNER_HEX_LEN));
+            if after < term_digits {
+                hex_digit((self.term.0 >> after.wrapping_mul(4)) as u8)
+            } else {
+                0
             }
         }
-        out
+    }
+}
+
+/// Hex digits of the owner in an encoded token.
+const OWNER_HEX_LEN: u32 = 32;
+
+/// Hex digits of `value` without leading zeros (zero is one digit "0"): 1 to 8.
+const fn hex_digits(value: u32) -> u32 {
+    let digits = 8u32.saturating_sub(value.leading_zeros() / 4);
+    if digits == 0 {
+        1
+    } else {
+        digits
     }
 }
 
@@ -95,13 +116,6 @@ const fn hex_digit(value: u8) -> u8 {
 impl EncodedToken {
     /// The longest encoding: 32 hex digits, a dot, 8 hex digits.
     pub const CAPACITY: usize = 41;
-
-    fn push(&mut self, byte: u8) {
-        if let Some(slot) = self.buf.get_mut(usize::from(self.len)) {
-            *slot = byte;
-            self.len = self.len.wrapping_add(1);
-        }
-    }
 
     /// The encoded bytes (always ASCII).
     pub fn as_bytes(&self) -> &[u8] {
@@ -251,6 +265,21 @@ mod tests {
         let max = owner.token(Term(u32::MAX)).encode();
         assert_eq!(max.as_bytes().len(), EncodedToken::CAPACITY);
         assert!(max.as_str().ends_with(".ffffffff"));
+    }
+
+    #[test]
+    fn token_encoding_matches_std_formatting_for_every_term_length() {
+        extern crate std;
+        use std::format;
+        let owner = Owner([0xa5; 16]);
+        let terms = (0..32).flat_map(|b| {
+            let p = 1u32 << b;
+            [p.wrapping_sub(1), p, p.wrapping_add(1)]
+        });
+        for term in terms.chain([u32::MAX]) {
+            let expected = format!("{}.{term:x}", "a5".repeat(16));
+            assert_eq!(owner.token(Term(term)).encode().as_str(), expected);
+        }
     }
 
     #[test]

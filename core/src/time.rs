@@ -83,7 +83,7 @@ impl Instant {
     /// `self + d`, clamped to [`Instant::MAX`].
     pub const fn saturating_add(self, d: Duration) -> Instant {
         Instant {
-            micros: self.micros.saturating_add(d.micros),
+            micros: saturating_add(self.micros, d.micros),
         }
     }
 
@@ -169,7 +169,7 @@ impl Duration {
     /// `self + rhs`, clamped to [`Duration::MAX`].
     pub const fn saturating_add(self, rhs: Duration) -> Duration {
         Duration {
-            micros: self.micros.saturating_add(rhs.micros),
+            micros: saturating_add(self.micros, rhs.micros),
         }
     }
 
@@ -219,6 +219,16 @@ impl Duration {
     }
 }
 
+/// `a + b`, clamped to `u64::MAX`: what `Instant + Duration` and `Duration + Duration`
+/// do.
+///
+/// Out of line: on a 32-bit MCU a saturating 64-bit add is a carry chain and two
+/// conditional moves, and the lease computes a dozen deadlines with it.
+#[inline(never)]
+const fn saturating_add(a: u64, b: u64) -> u64 {
+    a.saturating_add(b)
+}
+
 /// `(x / 1_000_000, x % 1_000_000)`, exactly, using only 32-bit divisions.
 ///
 /// `1_000_000 = 64 × 15_625` and `15_625 < 2^14`, so a long division of `x / 64` by
@@ -226,13 +236,16 @@ impl Duration {
 /// `x = 1_000_000 q + (64 r + x mod 64)` with the remainder below one million.
 const fn div_rem_million(x: u64) -> (u64, u64) {
     const DIVISOR: u32 = 15_625;
-    let y = x >> 6;
+    // The digits are taken from the top of `y`, which shifts left by a constant 16:
+    // a variable 64-bit shift would be a library call on a 32-bit MCU.
+    let mut y = x >> 6;
     let mut quotient: u64 = 0;
     let mut rem: u32 = 0;
-    let mut shift: u32 = 64;
-    while shift > 0 {
-        shift = shift.wrapping_sub(16);
-        let digit = (y.wrapping_shr(shift) & 0xffff) as u32;
+    let mut digits: u32 = 0;
+    while digits < 4 {
+        digits = digits.wrapping_add(1);
+        let digit = (y >> 48) as u32;
+        y <<= 16;
         // `rem < 15_625 < 2^14`, so this stays below 2^30.
         let partial = (rem << 16) | digit;
         quotient = (quotient << 16) | partial.wrapping_div(DIVISOR) as u64;

@@ -4,9 +4,12 @@
 //!
 //! `scripts/firmware-size.sh` builds it twice: with the `lease` feature (the calls) and
 //! without (only the opaque inputs); the difference in `.text` is the flash the core
-//! costs a firmware that uses all of it. With `panic-check` it links only if no panic
-//! path is left in the core. It also carries, in `.bss`, one array per type whose
-//! symbol size is that type's `size_of` on this target (read with `nm -S`).
+//! costs a firmware that uses all of it. It does so with `probe-baseline-builtins`
+//! (both variants link the compiler-builtins routines the firmware links without the
+//! lease, which the core is then not charged for) and, for comparison, without. With
+//! `panic-check` it links only if no panic path is left in the core. It also carries,
+//! in `.bss`, one array per type whose symbol size is that type's `size_of` on this
+//! target (read with `nm -S`).
 #![no_std]
 #![no_main]
 
@@ -43,8 +46,25 @@ fn choice() -> u32 {
     black_box(0)
 }
 
+/// Calls `memcpy` (a copy of a length the optimiser cannot see) and 32-bit division (a
+/// library routine on thumbv6m, which has no divide instruction): compiler-builtins
+/// routines that the firmware links without the lease. With `probe-baseline-builtins`
+/// both variants call it, so the difference leaves them out.
+#[cfg(feature = "probe-baseline-builtins")]
+#[inline(never)]
+fn link_baseline_builtins() {
+    let (dst, src) = black_box((&mut [] as &mut [u8], &[] as &[u8]));
+    let len = dst.len().min(src.len());
+    if let (Some(dst), Some(src)) = (dst.get_mut(..len), src.get(..len)) {
+        dst.copy_from_slice(src);
+    }
+    black_box(black_box(1u32).checked_div(black_box(1)));
+}
+
 #[cortex_m_rt::entry]
 fn main() -> ! {
+    #[cfg(feature = "probe-baseline-builtins")]
+    link_baseline_builtins();
     #[cfg(all(feature = "lease", feature = "probe-driver"))]
     driver_probe::run();
     #[cfg(all(feature = "lease", not(feature = "probe-driver")))]
