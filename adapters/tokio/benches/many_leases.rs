@@ -93,6 +93,8 @@ struct Probe {
     refused_at: Vec<AtomicU64>,
     recording: AtomicBool,
     lateness_us: Mutex<Vec<u32>>,
+    /// With `LEASEHOLD_BENCH_TIMELINE`: (send time, lateness) of every measured renewal.
+    timeline: Option<Mutex<Vec<(u32, u32)>>>,
 }
 
 impl Probe {
@@ -114,7 +116,11 @@ impl LockService for Probe {
         token: OwnerToken,
         ttl: Duration,
     ) -> impl Future<Output = AcquireOutcome> + Send {
-        self.last_send[Probe::index(key)].store(self.now_us(), Ordering::Relaxed);
+        let now = self.now_us();
+        self.last_send[Probe::index(key)].store(now, Ordering::Relaxed);
+        if let Some(timeline) = &self.timeline {
+            timeline.lock().unwrap().push((now as u32, 0));
+        }
         self.service.acquire(key, token, ttl)
     }
 
@@ -129,11 +135,14 @@ impl LockService for Probe {
         let now = self.now_us();
         let previous = self.last_send[i].swap(now, Ordering::Relaxed);
         if self.recording.load(Ordering::Relaxed) {
-            let late = now.saturating_sub(previous + self.renew_interval_us);
-            self.lateness_us
-                .lock()
-                .unwrap()
-                .push(u32::try_from(late).unwrap_or(u32::MAX));
+            let late = u32::try_from(now.saturating_sub(previous + self.renew_interval_us))
+                .unwrap_or(u32::MAX);
+            self.lateness_us.lock().unwrap().push(late);
+        }
+        if let Some(timeline) = &self.timeline {
+            let late = u32::try_from(now.saturating_sub(previous + self.renew_interval_us))
+                .unwrap_or(u32::MAX);
+            timeline.lock().unwrap().push((now as u32, late));
         }
         if self.doomed[i].load(Ordering::Relaxed) {
             // The service decides when it handles the request: on the first poll,
@@ -213,20 +222,29 @@ fn run(n: usize, ttl: StdDuration) -> Report {
             refused_at: (0..n).map(|_| AtomicU64::new(0)).collect(),
             recording: AtomicBool::new(false),
             lateness_us: Mutex::new(Vec::with_capacity(n * (MEASURED_PERIODS as usize + 2))),
+            timeline: std::env::var_os("LEASEHOLD_BENCH_TIMELINE")
+                .map(|_| Mutex::new(Vec::with_capacity(n * (MEASURED_PERIODS as usize + 4)))),
         });
         let mut handles: Vec<LeaseHandle> = Vec::with_capacity(n);
+        let mut starting = Vec::with_capacity(n);
         let keys: Vec<String> = (0..n).map(|i| format!("lease-{i}")).collect();
         let rss_before = rss_bytes();
         let heap = Region::new(GLOBAL);
 
-        // Start N leases spread evenly over one renew interval.
+        // Start N leases spread evenly over one renew interval. Each acquire runs in a
+        // task of its own: awaiting them one by one from here would pace the starts by
+        // a cross-thread round trip each (~50 µs: 100k leases would take 5 s to start,
+        // not the one interval this claims).
         let start = Instant::now();
         for (i, key) in keys.iter().enumerate() {
             let at = start + renew.mul_f64(i as f64 / n as f64);
             if at > Instant::now() + StdDuration::from_millis(1) {
                 tokio::time::sleep_until(at).await;
             }
-            handles.push(acquire(probe.clone(), key, config).await.unwrap());
+            starting.push(tokio::spawn(acquire(probe.clone(), key, config)));
+        }
+        for started in starting.drain(..) {
+            handles.push(started.await.unwrap().unwrap());
         }
         let heap_change = heap.change();
         let live = heap_change.bytes_allocated as f64 - heap_change.bytes_deallocated as f64
@@ -244,6 +262,9 @@ fn run(n: usize, ttl: StdDuration) -> Report {
         let lateness: Vec<u32> = std::mem::take(&mut *probe.lateness_us.lock().unwrap());
         let cpu_per_renewal_us = cpu.as_secs_f64() * 1e6 / lateness.len().max(1) as f64;
         let lateness = Percentiles::of(lateness);
+        if let Some(timeline) = &probe.timeline {
+            print_timeline(std::mem::take(&mut *timeline.lock().unwrap()));
+        }
 
         // NotOwner: expire a sample at the service; each is refused at its next renewal.
         let sample = LOSS_SAMPLE.min(n / 2).max(1);
@@ -380,4 +401,29 @@ fn rss_bytes() -> u64 {
         .ok()
         .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
         .map_or(0, |pages| pages * 4_096)
+}
+
+/// Lateness over time in 10 ms buckets of send time, to stderr: periodic spikes show.
+fn print_timeline(mut samples: Vec<(u32, u32)>) {
+    const BUCKET_US: u32 = 10_000;
+    samples.sort_unstable();
+    let mut start = 0;
+    while start < samples.len() {
+        let bucket = samples[start].0 / BUCKET_US;
+        let end = start
+            + samples[start..]
+                .iter()
+                .take_while(|(at, _)| at / BUCKET_US == bucket)
+                .count();
+        let late = Percentiles::of(samples[start..end].iter().map(|s| s.1).collect());
+        eprintln!(
+            "timeline {:>6} ms n={:>5} p50 {:>6} p99 {:>6} max {:>6}",
+            bucket * BUCKET_US / 1_000,
+            late.count,
+            ms(late.p50),
+            ms(late.p99),
+            ms(late.max)
+        );
+        start = end;
+    }
 }
