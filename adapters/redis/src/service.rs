@@ -308,8 +308,7 @@ where
         ttl: Duration,
     ) -> Result<Acquired, RedisLockError> {
         let op = Op::Acquire;
-        let keys =
-            Keys::new(name).map_err(|reason| RedisLockError::InvalidRequest { op, reason })?;
+        let keys = keys_of(op, name)?;
         let ms = ttl_ms(op, ttl)?;
         let encoded = token.encode();
         let value = self
@@ -344,8 +343,7 @@ where
         ttl: Duration,
     ) -> Result<Renewed, RedisLockError> {
         let op = Op::Renew;
-        let keys =
-            Keys::new(name).map_err(|reason| RedisLockError::InvalidRequest { op, reason })?;
+        let keys = keys_of(op, name)?;
         let ms = ttl_ms(op, ttl)?;
         let encoded = token.encode();
         let value = self
@@ -369,8 +367,7 @@ where
         token: OwnerToken,
     ) -> Result<Released, RedisLockError> {
         let op = Op::Release;
-        let keys =
-            Keys::new(name).map_err(|reason| RedisLockError::InvalidRequest { op, reason })?;
+        let keys = keys_of(op, name)?;
         let encoded = token.encode();
         let value = self
             .eval(op, &self.shared.release, &[&keys.lock], &[encoded.as_str()])
@@ -390,8 +387,7 @@ where
     /// lowers the counter.
     pub async fn raise_fence(&self, name: &str, at_least: Fence) -> Result<Fence, RedisLockError> {
         let op = Op::RaiseFence;
-        let keys =
-            Keys::new(name).map_err(|reason| RedisLockError::InvalidRequest { op, reason })?;
+        let keys = keys_of(op, name)?;
         let want = at_least.0.to_string();
         let value = self
             .eval(op, &self.shared.raise_fence, &[&keys.fence], &[&want])
@@ -447,6 +443,11 @@ where
             None => call.await,
         }
     }
+}
+
+/// The keys of lock `name`, or why `name` cannot be one (refused before sending).
+fn keys_of(op: Op, name: &str) -> Result<Keys, RedisLockError> {
+    Keys::new(name).map_err(|reason| RedisLockError::InvalidRequest { op, reason })
 }
 
 /// A TTL in whole milliseconds (what `PX`/`PEXPIRE` take), at least 1.
