@@ -2,6 +2,11 @@
 # Installs what the tests need when it is missing. Safe to run again.
 set -euo pipefail
 
+components=$(rustup component list --installed)
+for c in rustfmt clippy; do
+    grep -q "^${c}" <<<"$components" || rustup component add "$c"
+done
+
 targets=(thumbv6m-none-eabi thumbv7em-none-eabihf riscv32imc-unknown-none-elf)
 installed=$(rustup target list --installed)
 for t in "${targets[@]}"; do
