@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The embassy stage: what `cargo test --workspace` cannot do.
 #
-#   1. the std-driver tests (adapters/embassy-std-tests): excluded from the workspace
+#   1. the std-driver tests (adapters/runtime/embassy-std-tests): excluded from the workspace
 #      because embassy-time's `std` driver and the mock driver of
-#      adapters/embassy-mock-tests cannot share one feature-unified build;
+#      adapters/runtime/embassy-mock-tests cannot share one feature-unified build;
 #   2. the firmware example (examples/firmware, its own lock file) for thumbv7em and
 #      thumbv6m, with and without the lease, checked with rustfmt and clippy;
 #   3. scripts/firmware-size.sh: the flash / RAM / stack / panic-path table (it fails
@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-std_tests=adapters/embassy-std-tests/Cargo.toml
+std_tests=adapters/runtime/embassy-std-tests/Cargo.toml
 echo "  embassy std-driver tests"
 cargo fmt --manifest-path "$std_tests" --check
 cargo clippy --locked -q --manifest-path "$std_tests" --target-dir target/embassy-std-tests \

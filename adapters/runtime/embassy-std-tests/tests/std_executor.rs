@@ -5,7 +5,7 @@
 //! these tests assert only what holds however late a thread is scheduled: the gate
 //! never admits a write at or after the service's expiry, signals cross threads, and
 //! the term ends the way the scenario says. The exact timings (renew at T/3, when the
-//! gate closes) are the mock-driver tests' job (`adapters/embassy-mock-tests`). Nothing
+//! gate closes) are the mock-driver tests' job (`adapters/runtime/embassy-mock-tests`). Nothing
 //! here waits for a fixed time to let something happen: threads wait for each other.
 //!
 //! Another OS thread reads the gate the whole time, as an interrupt handler or a
