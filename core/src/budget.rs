@@ -16,7 +16,7 @@ use crate::Duration;
 /// heartbeat of `T/3 = 200 ms`:
 ///
 /// ```
-/// use leasehold::{Budget, BudgetTerm, Config, Duration};
+/// use leasehold::{Budget, BudgetPart, Config, Duration};
 ///
 /// let ms = Duration::from_millis;
 /// let budget = Budget {
@@ -29,7 +29,7 @@ use crate::Duration;
 ///
 /// // 400 ms is not enough: T must be strictly greater. The margin is what tips it.
 /// let err = budget.check(ms(400)).unwrap_err();
-/// assert_eq!(err.failing_term, BudgetTerm::Margin);
+/// assert_eq!(err.failing_term, BudgetPart::Margin);
 ///
 /// let ttl = ms(600);
 /// budget.check(ttl).unwrap();
@@ -39,7 +39,7 @@ use crate::Duration;
 /// // A 400 ms stop-the-world pause is far outside the 150 ms pause budget: a 300 ms
 /// // lease cannot cover even the work and the pause.
 /// let err = budget.check(ms(300)).unwrap_err();
-/// assert_eq!(err.failing_term, BudgetTerm::PauseBudget);
+/// assert_eq!(err.failing_term, BudgetPart::PauseBudget);
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
@@ -57,7 +57,7 @@ pub struct Budget {
 /// One term of the [`Budget`] inequality.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub enum BudgetTerm {
+pub enum BudgetPart {
     /// [`Budget::work_p99`].
     WorkP99,
     /// [`Budget::renew_rtt_p99`].
@@ -78,7 +78,7 @@ pub struct BudgetError {
     pub required: Duration,
     /// The term at which the running sum (in the order work, RTT, pause, margin) first
     /// reaches `ttl`: the one that does not fit.
-    pub failing_term: BudgetTerm,
+    pub failing_term: BudgetPart,
 }
 
 impl Budget {
@@ -98,13 +98,13 @@ impl Budget {
         let pause = rtt.saturating_add(self.pause_budget);
         let required = pause.saturating_add(self.margin);
         let failing_term = if work >= ttl {
-            BudgetTerm::WorkP99
+            BudgetPart::WorkP99
         } else if rtt >= ttl {
-            BudgetTerm::RenewRttP99
+            BudgetPart::RenewRttP99
         } else if pause >= ttl {
-            BudgetTerm::PauseBudget
+            BudgetPart::PauseBudget
         } else if required >= ttl {
-            BudgetTerm::Margin
+            BudgetPart::Margin
         } else {
             return Ok(());
         };
@@ -116,13 +116,13 @@ impl Budget {
     }
 }
 
-impl fmt::Display for BudgetTerm {
+impl fmt::Display for BudgetPart {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            BudgetTerm::WorkP99 => "work p99",
-            BudgetTerm::RenewRttP99 => "renew RTT p99",
-            BudgetTerm::PauseBudget => "pause budget",
-            BudgetTerm::Margin => "safety margin",
+            BudgetPart::WorkP99 => "work p99",
+            BudgetPart::RenewRttP99 => "renew RTT p99",
+            BudgetPart::PauseBudget => "pause budget",
+            BudgetPart::Margin => "safety margin",
         })
     }
 }
@@ -156,10 +156,10 @@ mod tests {
             margin: ms(5),
         };
         let failing = |ttl| b.check(ms(ttl)).unwrap_err().failing_term;
-        assert_eq!(failing(100), BudgetTerm::WorkP99);
-        assert_eq!(failing(110), BudgetTerm::RenewRttP99);
-        assert_eq!(failing(160), BudgetTerm::PauseBudget);
-        assert_eq!(failing(165), BudgetTerm::Margin);
+        assert_eq!(failing(100), BudgetPart::WorkP99);
+        assert_eq!(failing(110), BudgetPart::RenewRttP99);
+        assert_eq!(failing(160), BudgetPart::PauseBudget);
+        assert_eq!(failing(165), BudgetPart::Margin);
         assert_eq!(b.check(ms(166)), Ok(()));
         assert_eq!(b.check(ms(165)).unwrap_err().required, ms(165));
     }

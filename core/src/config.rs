@@ -30,8 +30,14 @@ pub struct Config {
     retry_interval: Duration,
     margin: Duration,
     drift_ppm: u32,
-    fail_closed: bool,
+    /// Bits 0–19: `renew_interval / ttl` in units of 2^-20, for grants of another TTL
+    /// than asked (see [`Config::renew_interval_for`]). Bit 31: `fail_closed`. One
+    /// word for both keeps a `Lease` within 128 bytes.
+    packed: u32,
 }
+
+/// The `fail_closed` bit of `Config::packed`.
+const FAIL_CLOSED: u32 = 1 << 31;
 
 /// Collects [`Config`] values; see [`Config::builder`] for the defaults.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +72,10 @@ pub enum ConfigError {
     /// `renew_interval >= ttl - drift(ttl) - margin`: the local safe deadline would
     /// pass before the first renewal is even sent.
     RenewIntervalNotBelowSafeWindow,
+    /// `renew_interval + request_timeout >= ttl - drift(ttl) - margin`: the first
+    /// renewal could still be waiting for its answer when the safe deadline passes,
+    /// so a single slow answer would lose the lease without a retry.
+    RenewalNotAnsweredInsideSafeWindow,
 }
 
 impl fmt::Display for ConfigError {
@@ -84,6 +94,9 @@ impl fmt::Display for ConfigError {
             }
             ConfigError::RenewIntervalNotBelowSafeWindow => {
                 "renew interval must be shorter than ttl minus drift minus margin"
+            }
+            ConfigError::RenewalNotAnsweredInsideSafeWindow => {
+                "renew interval plus request timeout must be shorter than ttl minus drift minus margin"
             }
         })
     }
@@ -117,7 +130,7 @@ impl Config {
                 retry_interval: div(ttl, 20),
                 margin: div(ttl, 20),
                 drift_ppm: 1_000,
-                fail_closed: false,
+                packed: 0,
             },
         }
     }
@@ -148,11 +161,11 @@ impl Config {
     }
     /// Whether writes pause while a renewal's outcome is unknown.
     pub const fn fail_closed(&self) -> bool {
-        self.fail_closed
+        self.packed & FAIL_CLOSED != 0
     }
 
     /// The local safe deadline of a grant of `granted` for a request sent at `sent`:
-    /// `sent + granted − drift(granted) − margin` (DESIGN rule 1).
+    /// `sent + granted − drift(granted) − margin` ([rule 1](crate::rules)).
     ///
     /// The service started its TTL no earlier than `sent`, so its expiry is at least
     /// `sent + granted` on its clock; taking the drift bound and the margin off makes it
@@ -165,6 +178,67 @@ impl Config {
             _ => None,
         }
     }
+
+    /// How long after a grant's send time its renewal is due, for a grant of
+    /// `granted` (which the service may have made shorter or longer than
+    /// [`ttl`](Self::ttl)): [`renew_interval`](Self::renew_interval) scaled by
+    /// `granted / ttl`, so the cadence follows the granted TTL (every granted/3 by
+    /// default). Rounded down: never later than the exact share.
+    pub const fn renew_interval_for(&self, granted: Duration) -> Duration {
+        if granted.as_micros() == self.ttl.as_micros() {
+            return self.renew_interval;
+        }
+        let g = granted.as_micros();
+        let q = (self.packed & !FAIL_CLOSED) as u64;
+        // g * q / 2^20 in two parts, so that no product overflows: q < 2^20.
+        let high = (g >> FRACTION_BITS).saturating_mul(q);
+        let low = ((g & FRACTION_MASK).wrapping_mul(q)) >> FRACTION_BITS;
+        Duration::from_micros(high.saturating_add(low))
+    }
+
+    /// Whether a grant of `granted` can be held safely: its safe window
+    /// (`granted − drift − margin`) must outlast its first renewal *and* that
+    /// renewal's request timeout, the same inequality [`ConfigBuilder::build`] checks
+    /// for the configured TTL. A grant that does not fit is refused
+    /// ([`AcquireFailure::GrantTooShort`](crate::AcquireFailure::GrantTooShort)): the
+    /// gate never opens for it.
+    pub const fn accepts_grant(&self, granted: Duration) -> bool {
+        let cut = granted.ppm_ceil(self.drift_ppm).saturating_add(self.margin);
+        let window = granted.saturating_sub(cut);
+        let first_answer = self
+            .renew_interval_for(granted)
+            .saturating_add(self.request_timeout);
+        !self.renew_interval_for(granted).is_zero()
+            && first_answer.as_micros() < window.as_micros()
+    }
+}
+
+/// `renew_interval / ttl` is kept as a binary fraction of this many bits.
+const FRACTION_BITS: u32 = 20;
+const FRACTION_MASK: u64 = (1 << FRACTION_BITS) - 1;
+
+/// `floor(part / whole * 2^20)` for `part < whole`, by restoring division: no 64-bit
+/// division routine (about 1 KiB of flash on a 32-bit MCU) and no 128-bit product.
+const fn binary_fraction(part: u64, whole: u64) -> u32 {
+    // Halve both until a doubled remainder cannot overflow; the ratio barely moves.
+    let (mut part, mut whole) = (part, whole);
+    while whole >= 1 << 62 {
+        part >>= 1;
+        whole >>= 1;
+    }
+    let mut rem = part;
+    let mut q = 0u32;
+    let mut bit = 0;
+    while bit < FRACTION_BITS {
+        rem <<= 1;
+        q <<= 1;
+        if rem >= whole {
+            rem = rem.wrapping_sub(whole);
+            q |= 1;
+        }
+        bit = bit.wrapping_add(1);
+    }
+    q
 }
 
 impl ConfigBuilder {
@@ -195,7 +269,11 @@ impl ConfigBuilder {
     }
     /// Pause writes while a renewal's outcome is unknown (default `false`).
     pub const fn fail_closed(mut self, value: bool) -> Self {
-        self.config.fail_closed = value;
+        self.config.packed = if value {
+            self.config.packed | FAIL_CLOSED
+        } else {
+            self.config.packed & !FAIL_CLOSED
+        };
         self
     }
 
@@ -237,6 +315,11 @@ impl ConfigBuilder {
         if c.renew_interval.as_micros() >= window.as_micros() {
             return Err(ConfigError::RenewIntervalNotBelowSafeWindow);
         }
+        if c.renew_interval.saturating_add(c.request_timeout).as_micros() >= window.as_micros() {
+            return Err(ConfigError::RenewalNotAnsweredInsideSafeWindow);
+        }
+        let mut c = c;
+        c.packed = (c.packed & FAIL_CLOSED) | binary_fraction(c.renew_interval.as_micros(), ttl);
         Ok(c)
     }
 }
@@ -274,5 +357,36 @@ mod tests {
         );
         assert_eq!(c.safe_deadline(Instant::ZERO, ms(100)), None);
         assert_eq!(c.safe_deadline(Instant::ZERO, Duration::ZERO), None);
+    }
+
+    #[test]
+    fn the_renewal_cadence_follows_the_granted_ttl() {
+        let c = Config::builder(ms(900)).build().unwrap();
+        assert_eq!(c.renew_interval_for(ms(900)), ms(300));
+        // A third of the grant, rounded down by at most a microsecond.
+        for granted in [ms(300), ms(450), ms(3_000), Duration::from_secs(86_400), Duration::MAX] {
+            let third = granted.as_micros() / 3;
+            let got = c.renew_interval_for(granted).as_micros();
+            assert!(got <= third && third - got <= 1 + third / 1_000_000, "{granted:?}: {got}");
+        }
+    }
+
+    #[test]
+    fn a_grant_must_leave_room_for_one_renewal_and_its_timeout() {
+        // T = 900 ms: margin 45, request timeout 90; a grant of g renews at g/3.
+        let c = Config::builder(ms(900)).build().unwrap();
+        assert!(c.accepts_grant(ms(900)));
+        assert!(c.accepts_grant(ms(300)), "300/3 + 90 = 190 < 300 - 0.3 - 45");
+        assert!(!c.accepts_grant(ms(200)), "200/3 + 90 = 156.7 > 200 - 0.2 - 45");
+        assert!(!c.accepts_grant(Duration::ZERO));
+        assert!(!c.accepts_grant(ms(40)));
+    }
+
+    #[test]
+    fn the_configured_ttl_must_fit_its_own_renewal() {
+        assert_eq!(
+            Config::builder(ms(900)).request_timeout(ms(600)).build(),
+            Err(ConfigError::RenewalNotAnsweredInsideSafeWindow)
+        );
     }
 }

@@ -36,6 +36,7 @@ mod status {
     pub(super) const LOST_EXPIRED: u32 = 5;
     pub(super) const LOST_REVOKED: u32 = 6;
     pub(super) const LOST_SHORTENED: u32 = 7;
+    pub(super) const LOST_REFUSED: u32 = 8;
     /// The status takes the low 4 bits; the term's low 28 bits take the rest.
     pub(super) const BITS: u32 = 4;
     pub(super) const MASK: u32 = (1 << BITS) - 1;
@@ -279,6 +280,7 @@ const fn encode_loss(reason: LossReason) -> u32 {
         LossReason::Expired => status::LOST_EXPIRED,
         LossReason::Revoked => status::LOST_REVOKED,
         LossReason::Shortened => status::LOST_SHORTENED,
+        LossReason::Refused => status::LOST_REFUSED,
     }
 }
 
@@ -291,6 +293,7 @@ const fn decode_status(code: u32) -> GateStatus {
         status::LOST_EXPIRED => GateStatus::Lost(LossReason::Expired),
         status::LOST_REVOKED => GateStatus::Lost(LossReason::Revoked),
         status::LOST_SHORTENED => GateStatus::Lost(LossReason::Shortened),
+        status::LOST_REFUSED => GateStatus::Lost(LossReason::Refused),
         // CLOSED, and any code this version never writes: closed is the safe reading.
         _ => GateStatus::Closed,
     }
@@ -340,6 +343,7 @@ mod tests {
             LossReason::Expired,
             LossReason::Revoked,
             LossReason::Shortened,
+            LossReason::Refused,
         ] {
             gate.publish_lost(Term(3), big, reason);
             assert_eq!(gate.check(at(0)), Err(GateError::Lost(reason)));

@@ -2,9 +2,10 @@
 
 use core::fmt;
 
+use crate::timers::{Timer, TIMERS};
 use crate::{
-    AcquireOutcome, Config, Duration, Fence, Indeterminate, Instant, LossReason, ReleaseOutcome,
-    RenewOutcome, RequestId, Term, WriteGate,
+    AcquireOutcome, Config, Duration, Fence, Indeterminate, Instant, LossReason, Refusal,
+    RenewOutcome, RequestId, Response, Term, WriteGate,
 };
 
 /// A lease on one key: a pure state machine, driven by instants and events.
@@ -23,8 +24,10 @@ use crate::{
 ///   only read;
 /// * **user commands** [`acquire`](Self::acquire) and [`release`](Self::release) start
 ///   and end a term;
-/// * **inputs** `handle_*` feed in what happened: a response to a request, an
-///   unsolicited revocation, or time passing ([`handle_timeout`](Self::handle_timeout));
+/// * **inputs** `handle_*` feed in what happened: a [`Response`] to a request
+///   ([`handle_response`](Self::handle_response)), an unsolicited revocation
+///   ([`handle_revoked`](Self::handle_revoked)), or time passing
+///   ([`handle_timeout`](Self::handle_timeout));
 /// * **outputs** `poll_*` hand out what to do: [`poll_action`](Self::poll_action) a
 ///   request to send, [`poll_event`](Self::poll_event) a notification,
 ///   [`poll_timeout`](Self::poll_timeout) when to call `handle_timeout` next.
@@ -40,7 +43,11 @@ use crate::{
 /// earlier than one already seen is treated as that one. `poll_timeout` is a soft
 /// deadline: calling `handle_timeout` early, late or twice is harmless. Answers to
 /// requests the lease no longer waits for (old ids, previous terms, duplicates) are
-/// refused with [`StaleResponse`] and change nothing.
+/// refused with [`StaleResponse`] and change nothing — with two exceptions that can
+/// only make the lease *safer*: a late "not owner" to a renewal of the current term
+/// ends it ([`LossReason::NotOwner`]), and so does a late renewal that confirms a
+/// shorter TTL than asked ([`LossReason::Shortened`]). The [rules](crate::rules) say
+/// why.
 ///
 /// Use one `WriteGate` per `Lease`, and always the same one: the lease is its only writer.
 ///
@@ -56,7 +63,7 @@ use crate::{
 /// let Some(Action::Acquire { id, .. }) = lease.poll_action() else { unreachable!() };
 /// // ...send it; the service grants fence 7 for 3 s; the answer arrives at 20 ms:
 /// let granted = AcquireOutcome::Granted { fence: Fence(7), ttl: Duration::from_secs(3) };
-/// lease.handle_acquire_response(t(20), id, granted, &gate).unwrap();
+/// lease.handle_response(t(20), id, granted.into(), &gate).unwrap();
 /// assert!(matches!(lease.poll_event(), Some(Event::Acquired { fence: Fence(7), .. })));
 /// assert_eq!(gate.check(t(21)), Ok(Fence(7)));
 ///
@@ -75,24 +82,51 @@ pub struct Lease {
     config: Config,
     /// Latest `now` seen; earlier ones are clamped to it.
     latest: Instant,
-    /// The safe deadline while the lease is held.
+    /// While held, the safe deadline; while acquiring, when to give up.
     deadline: Instant,
-    /// When to send the next acquire or renewal; `Instant::MAX` for never.
+    /// When to send the next acquire or renewal; `Instant::MAX` for never (read it
+    /// through the timer table only).
     next_send: Instant,
-    /// Send time of the request in flight (its timeout is `sent_at + request_timeout`).
+    /// Send time of the newest request (its timeout is `sent_at + request_timeout`).
     sent_at: Instant,
-    /// Id of the newest request; the one in flight, if any.
+    /// The TTL the service granted for this term; renewals ask for it.
+    granted: Duration,
+    /// Id of the newest request: the term in the high 32 bits, a sequence in the low
+    /// 32, so every id names its term and ids only grow.
     last_id: u64,
-    term: Term,
-    state: State,
     fence: Fence,
     stats: Stats,
+    /// Xorshift state for the jitter of acquire retries; never zero.
+    jitter: u32,
+    state: State,
     in_flight: Option<RequestKind>,
-    /// `in_flight` has not been handed out by `poll_action` yet.
-    action_pending: bool,
-    /// Fail-closed: the gate is paused until a renewal is confirmed.
-    paused: bool,
+    flags: Flags,
     event: Option<EventKind>,
+}
+
+/// Booleans of a [`Lease`], one byte.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Flags(u8);
+
+impl Flags {
+    /// `in_flight` has not been handed out by `poll_action` yet.
+    const ACTION_PENDING: u8 = 1;
+    /// Fail-closed: the gate is paused until a renewal is confirmed.
+    const PAUSED: u8 = 2;
+    /// An acquire of this term was sent and not refused since: the service may have
+    /// granted it, so giving up or releasing must send a release.
+    const MAYBE_GRANTED: u8 = 4;
+
+    const fn get(self, flag: u8) -> bool {
+        self.0 & flag != 0
+    }
+    fn set(&mut self, flag: u8, on: bool) {
+        if on {
+            self.0 |= flag;
+        } else {
+            self.0 &= !flag;
+        }
+    }
 }
 
 /// Where a [`Lease`] is in its life.
@@ -109,6 +143,8 @@ pub enum State {
     RenewPending,
     /// The term ended in loss; writes stopped.
     Lost(LossReason),
+    /// The term ended without a grant: refused, or the wait bound ran out.
+    NotAcquired(AcquireFailure),
     /// The user released; the release request is in flight (writes already stopped).
     Releasing,
     /// The term ended by release.
@@ -126,7 +162,7 @@ pub enum Action {
         id: RequestId,
         /// The term whose owner token to present.
         term: Term,
-        /// The TTL to ask for.
+        /// The TTL to ask for (the configured one).
         ttl: Duration,
     },
     /// Extend the key by `ttl` if the owner token of `term` still holds it *with this
@@ -143,7 +179,7 @@ pub enum Action {
         term: Term,
         /// The fence of the grant being extended.
         fence: Fence,
-        /// The TTL to ask for.
+        /// The TTL to ask for: the one the service granted for this term.
         ttl: Duration,
     },
     /// Delete the key if the owner token of `term` still holds it. Best effort: writes
@@ -170,13 +206,17 @@ pub enum Event {
         fence: Fence,
         /// Writes are allowed until then, unless renewed.
         deadline: Instant,
+        /// The TTL the service granted (renewals follow it, every third by default).
+        granted: Duration,
     },
-    /// An acquire attempt failed; another is scheduled.
+    /// An acquire attempt failed.
     AcquireFailed {
         /// Why.
         reason: AcquireFailure,
-        /// When the next attempt is sent.
-        retry_at: Instant,
+        /// When the next attempt is sent; `None` when the acquire is over (a final
+        /// refusal, or the wait bound ran out): the lease is then
+        /// [`State::NotAcquired`].
+        retry_at: Option<Instant>,
     },
     /// A renewal was confirmed.
     Renewed {
@@ -206,11 +246,30 @@ pub enum Event {
 /// Why an acquire attempt failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
 pub enum AcquireFailure {
     /// Somebody else holds the key.
     HeldByAnother,
-    /// The outcome is unknown.
+    /// The outcome is unknown (the key may have been granted).
     Indeterminate(Indeterminate),
+    /// The service refused for good; the acquire ended at once.
+    Refused(Refusal),
+    /// The service granted a TTL too short to renew safely
+    /// ([`Config::accepts_grant`]); the gate never opened and the grant was released.
+    GrantTooShort,
+}
+
+impl fmt::Display for AcquireFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AcquireFailure::HeldByAnother => f.write_str("the key is held by another owner"),
+            AcquireFailure::Indeterminate(why) => write!(f, "outcome unknown: {why}"),
+            AcquireFailure::Refused(why) => write!(f, "refused: {why}"),
+            AcquireFailure::GrantTooShort => f.write_str(
+                "the service granted a TTL too short for one renewal and its request timeout",
+            ),
+        }
+    }
 }
 
 /// Counters for things a driver may want to log.
@@ -279,7 +338,8 @@ enum RequestKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum EventKind {
     Acquired,
-    AcquireFailed(AcquireFailure),
+    /// `true` when the acquire is over (no retry).
+    AcquireFailed(AcquireFailure, bool),
     Renewed,
     RenewFailed(Indeterminate),
     Lost(LossReason),
@@ -305,6 +365,11 @@ impl Action {
     }
 }
 
+/// The term an id belongs to (its high 32 bits).
+const fn term_of(id: u64) -> Term {
+    Term((id >> 32) as u32)
+}
+
 impl Lease {
     /// A lease that has not been acquired yet.
     pub const fn new(config: Config) -> Lease {
@@ -314,19 +379,27 @@ impl Lease {
             deadline: Instant::ZERO,
             next_send: Instant::MAX,
             sent_at: Instant::ZERO,
+            granted: Duration::ZERO,
             last_id: 0,
-            term: Term(0),
-            state: State::Idle,
             fence: Fence(0),
             stats: Stats {
                 stale_responses: 0,
                 overwritten_events: 0,
             },
+            jitter: DEFAULT_JITTER_SEED,
+            state: State::Idle,
             in_flight: None,
-            action_pending: false,
-            paused: false,
+            flags: Flags(0),
             event: None,
         }
+    }
+
+    /// Seeds the jitter of acquire retries. Contenders that wait for the same key
+    /// should use different seeds (the adapters derive one from the owner token), or
+    /// they retry in lock step.
+    pub const fn with_jitter_seed(mut self, seed: u32) -> Lease {
+        self.jitter = if seed == 0 { DEFAULT_JITTER_SEED } else { seed };
+        self
     }
 
     // ----- getters -----
@@ -341,7 +414,7 @@ impl Lease {
     }
     /// The current term (0 before the first acquire).
     pub const fn term(&self) -> Term {
-        self.term
+        term_of(self.last_id)
     }
     /// The fence while the lease is held.
     pub const fn fence(&self) -> Option<Fence> {
@@ -357,12 +430,20 @@ impl Lease {
             _ => None,
         }
     }
+    /// The TTL the service granted for this term, while the lease is held.
+    pub const fn granted_ttl(&self) -> Option<Duration> {
+        match self.state {
+            State::Holding | State::RenewPending => Some(self.granted),
+            _ => None,
+        }
+    }
     /// Whether writes are paused (fail-closed mode, renewal outcome unknown).
     pub const fn writes_paused(&self) -> bool {
-        self.paused
+        self.flags.get(Flags::PAUSED)
     }
-    /// The latest `now` this lease has seen.
-    pub const fn now(&self) -> Instant {
+    /// The latest instant passed to this lease: the `now` it works with. It is not a
+    /// clock reading; earlier `now`s are clamped to it.
+    pub const fn latest_instant(&self) -> Instant {
         self.latest
     }
     /// Counters.
@@ -377,22 +458,51 @@ impl Lease {
 
     // ----- user commands -----
 
-    /// Starts a new term: closes the gate for it and asks for an acquire.
+    /// Starts a new term and waits for the key as long as it takes: closes the gate
+    /// for the term and asks for an acquire. Same as
+    /// [`acquire_until`](Self::acquire_until) with `Instant::MAX`.
     ///
-    /// Allowed when idle, lost, released or releasing (an old release still in flight
-    /// presents the old term's owner token, so it cannot delete the new grant).
+    /// Allowed when idle, lost, not acquired, released or releasing (an old release
+    /// still in flight presents the old term's owner token, so it cannot delete the
+    /// new grant).
     pub fn acquire(&mut self, now: Instant, gate: &WriteGate) -> Result<(), AlreadyActive> {
+        self.acquire_until(now, Instant::MAX, gate)
+    }
+
+    /// Starts a new term that gives up waiting for the key at `give_up_at`.
+    ///
+    /// A failed attempt (held by another, or an unknown outcome) is retried after a
+    /// jittered [`retry_interval`](Config::retry_interval) (between half and one and
+    /// a half of it) unless that retry would be sent at or after `give_up_at`; then
+    /// the acquire ends as [`State::NotAcquired`] with the last failure. `give_up_at
+    /// == now` tries once (`flock -n`). A final refusal ends it at once, whatever the
+    /// bound. An attempt already in flight at `give_up_at` is still awaited (for at
+    /// most the request timeout), and if the service may have granted any attempt, a
+    /// release is sent when the acquire gives up.
+    pub fn acquire_until(
+        &mut self,
+        now: Instant,
+        give_up_at: Instant,
+        gate: &WriteGate,
+    ) -> Result<(), AlreadyActive> {
         let now = self.advance(now);
         match self.state {
-            State::Idle | State::Lost(_) | State::Released | State::Releasing => {}
+            State::Idle
+            | State::Lost(_)
+            | State::NotAcquired(_)
+            | State::Released
+            | State::Releasing => {}
             state @ (State::Acquiring | State::Holding | State::RenewPending) => {
                 return Err(AlreadyActive { state })
             }
         }
-        self.term = Term(self.term.0.wrapping_add(1));
+        let term = self.term().0.wrapping_add(1);
+        self.last_id = u64::from(term) << 32;
         self.fence = Fence(0);
-        self.paused = false;
-        gate.publish_closed(self.term);
+        self.granted = Duration::ZERO;
+        self.deadline = give_up_at;
+        self.flags = Flags(0);
+        gate.publish_closed(Term(term));
         self.state = State::Acquiring;
         self.send(RequestKind::Acquire, now);
         Ok(())
@@ -401,21 +511,22 @@ impl Lease {
     /// Ends the term politely: the gate closes first, then a release is requested.
     ///
     /// The term ends in `Released` whatever the release's outcome, at the latest one
-    /// request timeout later. While an acquire is in flight (it may have been granted)
-    /// a release is sent too; otherwise an acquiring lease is released at once.
+    /// request timeout later. While acquiring, a release is sent if any acquire of the
+    /// term may have been granted (one in flight, or one whose answer never came);
+    /// otherwise the term is released at once.
     pub fn release(&mut self, now: Instant, gate: &WriteGate) -> Result<(), NotActive> {
         let now = self.advance(now);
         match self.state {
             State::Acquiring | State::Holding | State::RenewPending => {}
             State::Releasing => return Ok(()),
-            state @ (State::Idle | State::Lost(_) | State::Released) => {
+            state @ (State::Idle | State::Lost(_) | State::NotAcquired(_) | State::Released) => {
                 return Err(NotActive { state })
             }
         }
-        gate.publish_released(self.term, self.fence);
-        self.paused = false;
-        if self.state == State::Acquiring && self.in_flight != Some(RequestKind::Acquire) {
-            // No acquire in flight: nothing can have been granted, nothing to delete.
+        gate.publish_released(self.term(), self.fence);
+        self.flags.set(Flags::PAUSED, false);
+        if self.state == State::Acquiring && !self.flags.get(Flags::MAYBE_GRANTED) {
+            // Every attempt was answered "no": nothing to delete.
             self.finish_release();
         } else {
             self.state = State::Releasing;
@@ -433,16 +544,13 @@ impl Lease {
         if self.expire_if_due(now, gate) {
             return;
         }
-        // `Instant::MAX` means "never" here as in `poll_timeout`, even at `now == MAX`:
-        // a timer that saturated there must not fire on every call.
-        let due = |at: Instant| at != Instant::MAX && now >= at;
-        if let Some(kind) = self.in_flight {
-            if due(self.sent_at.saturating_add(self.config.request_timeout())) {
-                self.in_flight = None;
-                self.action_pending = false;
+        if self.timer_due(Timer::Request, now) {
+            if let Some(kind) = self.in_flight.take() {
+                self.flags.set(Flags::ACTION_PENDING, false);
                 match kind {
-                    RequestKind::Acquire => self
-                        .acquire_failed(now, AcquireFailure::Indeterminate(Indeterminate::Timeout)),
+                    RequestKind::Acquire => {
+                        self.acquire_failed(now, AcquireFailure::Indeterminate(Indeterminate::Timeout), gate)
+                    }
                     RequestKind::Renew => {
                         self.renew_indeterminate(now, Indeterminate::Timeout, gate)
                     }
@@ -450,7 +558,7 @@ impl Lease {
                 }
             }
         }
-        if self.in_flight.is_none() && due(self.next_send) {
+        if self.in_flight.is_none() && self.timer_due(Timer::Send, now) {
             match self.state {
                 State::Acquiring => self.send(RequestKind::Acquire, now),
                 State::Holding | State::RenewPending => {
@@ -462,81 +570,53 @@ impl Lease {
         }
     }
 
-    /// The lock service answered an acquire.
-    pub fn handle_acquire_response(
+    /// The lock service answered request `id`.
+    ///
+    /// Refused as [`StaleResponse`] unless it answers the request in flight — except
+    /// that a late answer to a renewal of the current, still held term is read for
+    /// what it proves: "not owner" ends the term ([`LossReason::NotOwner`]: under the
+    /// owner-and-fence compare it means the grant was deleted or replaced, and
+    /// renewals never re-create one), and so does a confirmed TTL shorter than asked
+    /// ([`LossReason::Shortened`]: the service may have expired the key before the
+    /// deadline the gate holds). Both still return `Err(StaleResponse)`, as the
+    /// request was not the one in flight.
+    pub fn handle_response(
         &mut self,
         now: Instant,
         id: RequestId,
-        outcome: AcquireOutcome,
+        response: Response,
         gate: &WriteGate,
     ) -> Result<(), StaleResponse> {
-        self.accept_response(now, id, RequestKind::Acquire, gate)?;
-        let now = self.now();
-        match outcome {
-            AcquireOutcome::Granted { fence, ttl } => {
-                match self.config.safe_deadline(self.sent_at, ttl) {
-                    Some(deadline) if now < deadline => {
-                        self.fence = fence;
-                        self.hold(deadline, now, EventKind::Acquired, gate);
-                    }
-                    // Granted, but already past what the grant itself allows: the gate
-                    // never opens; free the key for others, best effort.
-                    _ => self.lose(LossReason::Expired, now, gate),
-                }
+        let now = self.advance(now);
+        self.expire_if_due(now, gate);
+        let kind = match response {
+            Response::Acquire(_) => RequestKind::Acquire,
+            Response::Renew(_) => RequestKind::Renew,
+            Response::Release(_) => RequestKind::Release,
+        };
+        if self.in_flight != Some(kind) || id.0 != self.last_id {
+            if let Response::Renew(outcome) = response {
+                self.late_renewal(now, id, outcome, gate);
             }
-            AcquireOutcome::HeldByAnother => {
-                self.acquire_failed(now, AcquireFailure::HeldByAnother);
-            }
-            AcquireOutcome::Indeterminate(why) => {
-                self.acquire_failed(now, AcquireFailure::Indeterminate(why));
-            }
+            self.stats.stale_responses = self.stats.stale_responses.saturating_add(1);
+            return Err(StaleResponse);
         }
-        Ok(())
-    }
-
-    /// The lock service answered a renewal.
-    pub fn handle_renew_response(
-        &mut self,
-        now: Instant,
-        id: RequestId,
-        outcome: RenewOutcome,
-        gate: &WriteGate,
-    ) -> Result<(), StaleResponse> {
-        self.accept_response(now, id, RequestKind::Renew, gate)?;
-        let now = self.now();
-        match outcome {
-            RenewOutcome::Renewed { ttl } => match self.config.safe_deadline(self.sent_at, ttl) {
-                Some(deadline) if now < deadline && deadline >= self.deadline => {
-                    self.hold(deadline, now, EventKind::Renewed, gate);
-                }
-                Some(deadline) if now < deadline => self.lose(LossReason::Shortened, now, gate),
-                _ => self.renew_indeterminate(now, Indeterminate::LateSuccess, gate),
-            },
-            RenewOutcome::NotOwner => self.lose(LossReason::NotOwner, now, gate),
-            RenewOutcome::Indeterminate(why) => self.renew_indeterminate(now, why, gate),
+        self.in_flight = None;
+        self.flags.set(Flags::ACTION_PENDING, false);
+        match response {
+            Response::Acquire(outcome) => self.acquire_answered(now, outcome, gate),
+            Response::Renew(outcome) => self.renew_answered(now, outcome, gate),
+            Response::Release(_) => self.release_answered(),
         }
-        Ok(())
-    }
-
-    /// The lock service answered a release. Whatever it says, the term is over.
-    pub fn handle_release_response(
-        &mut self,
-        now: Instant,
-        id: RequestId,
-        outcome: ReleaseOutcome,
-        gate: &WriteGate,
-    ) -> Result<(), StaleResponse> {
-        self.accept_response(now, id, RequestKind::Release, gate)?;
-        let _ = outcome;
-        self.release_answered();
         Ok(())
     }
 
     /// The lock service reported, unprompted, that the grant with `fence` is gone (an
     /// etcd watch saw the key deleted, a gateway pushed "revoked").
     ///
-    /// Applies only while that very grant is held; a notice about another fence is
-    /// stale and changes nothing.
+    /// Applies only while that very grant is held; a notice about another fence, or
+    /// one that arrives after the term ended (also by its deadline passing in this
+    /// very call), is stale and changes nothing.
     pub fn handle_revoked(
         &mut self,
         now: Instant,
@@ -544,18 +624,13 @@ impl Lease {
         gate: &WriteGate,
     ) -> Result<(), StaleResponse> {
         let now = self.advance(now);
-        if self.expire_if_due(now, gate) {
-            return Ok(());
-        }
-        match self.state {
-            State::Holding | State::RenewPending if fence == self.fence => {
-                self.lose(LossReason::Revoked, now, gate);
-                Ok(())
-            }
-            _ => {
-                self.stats.stale_responses = self.stats.stale_responses.saturating_add(1);
-                Err(StaleResponse)
-            }
+        self.expire_if_due(now, gate);
+        if self.is_held() && fence == self.fence {
+            self.lose(LossReason::Revoked, now, gate);
+            Ok(())
+        } else {
+            self.stats.stale_responses = self.stats.stale_responses.saturating_add(1);
+            Err(StaleResponse)
         }
     }
 
@@ -564,19 +639,23 @@ impl Lease {
     /// The next request to send, if any.
     #[must_use]
     pub fn poll_action(&mut self) -> Option<Action> {
-        if !core::mem::take(&mut self.action_pending) {
+        if !self.flags.get(Flags::ACTION_PENDING) {
             return None;
         }
+        self.flags.set(Flags::ACTION_PENDING, false);
         let id = RequestId(self.last_id);
-        let term = self.term;
-        let ttl = self.config.ttl();
+        let term = self.term();
         Some(match self.in_flight? {
-            RequestKind::Acquire => Action::Acquire { id, term, ttl },
+            RequestKind::Acquire => Action::Acquire {
+                id,
+                term,
+                ttl: self.config.ttl(),
+            },
             RequestKind::Renew => Action::Renew {
                 id,
                 term,
                 fence: self.fence,
-                ttl,
+                ttl: self.granted,
             },
             RequestKind::Release => Action::Release { id, term },
         })
@@ -598,42 +677,65 @@ impl Lease {
     fn event_of(&self, kind: EventKind) -> Event {
         match kind {
             EventKind::Acquired => Event::Acquired {
-                term: self.term,
+                term: self.term(),
                 fence: self.fence,
                 deadline: self.deadline,
+                granted: self.granted,
             },
-            EventKind::AcquireFailed(reason) => Event::AcquireFailed {
+            EventKind::AcquireFailed(reason, over) => Event::AcquireFailed {
                 reason,
-                retry_at: self.next_send,
+                retry_at: if over { None } else { self.timer(Timer::Send) },
             },
             EventKind::Renewed => Event::Renewed {
                 deadline: self.deadline,
             },
             EventKind::RenewFailed(reason) => Event::RenewFailed {
                 reason,
-                retry_at: (self.next_send != Instant::MAX).then_some(self.next_send),
+                retry_at: self.timer(Timer::Send),
                 deadline: self.deadline,
-                writes_paused: self.paused,
+                writes_paused: self.flags.get(Flags::PAUSED),
             },
             EventKind::Lost(reason) => Event::Lost { reason },
             EventKind::Released => Event::Released,
         }
     }
 
-    /// When [`handle_timeout`](Self::handle_timeout) should next be called, if ever.
+    /// When [`handle_timeout`](Self::handle_timeout) should next be called, if ever:
+    /// the earliest timer in the table.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let mut next = self.next_send;
-        if matches!(self.state, State::Holding | State::RenewPending) {
-            next = next.min(self.deadline);
-        }
-        if self.in_flight.is_some() {
-            next = next.min(self.sent_at.saturating_add(self.config.request_timeout()));
-        }
-        (next != Instant::MAX).then_some(next)
+        TIMERS
+            .iter()
+            .filter_map(|&timer| self.timer(timer))
+            .min()
     }
 
     // ----- internals -----
+
+    /// The timer table: when each timer fires, `None` when it is not armed. The only
+    /// place that knows what arms a timer.
+    fn timer(&self, timer: Timer) -> Option<Instant> {
+        let at = match timer {
+            Timer::Deadline if self.is_held() => self.deadline,
+            Timer::Deadline => return None,
+            Timer::Request => {
+                self.in_flight?;
+                self.sent_at.saturating_add(self.config.request_timeout())
+            }
+            Timer::Send => self.next_send,
+        };
+        // `Instant::MAX` is "never", even at `now == MAX`: a timer that saturated there
+        // must not fire on every call.
+        (at != Instant::MAX).then_some(at)
+    }
+
+    fn timer_due(&self, timer: Timer, now: Instant) -> bool {
+        self.timer(timer).is_some_and(|at| now >= at)
+    }
+
+    const fn is_held(&self) -> bool {
+        matches!(self.state, State::Holding | State::RenewPending)
+    }
 
     /// Clamps `now` so time never goes backwards inside the lease.
     ///
@@ -647,39 +749,11 @@ impl Lease {
 
     /// The deadline passed without a confirmed renewal: the term is lost.
     fn expire_if_due(&mut self, now: Instant, gate: &WriteGate) -> bool {
-        let held = matches!(self.state, State::Holding | State::RenewPending);
-        if held && now >= self.deadline {
+        if self.timer_due(Timer::Deadline, now) {
             self.lose(LossReason::Expired, now, gate);
             true
         } else {
             false
-        }
-    }
-
-    /// The start of every `handle_*_response`: time moves on (read it back with
-    /// [`now`](Self::now)), a deadline that passed ends the term, then the answer is
-    /// taken only if it is for the request in flight.
-    fn accept_response(
-        &mut self,
-        now: Instant,
-        id: RequestId,
-        kind: RequestKind,
-        gate: &WriteGate,
-    ) -> Result<(), StaleResponse> {
-        let now = self.advance(now);
-        self.expire_if_due(now, gate);
-        self.take_response(id, kind)
-    }
-
-    /// Accepts the answer only if it is for the request in flight.
-    fn take_response(&mut self, id: RequestId, kind: RequestKind) -> Result<(), StaleResponse> {
-        if self.in_flight == Some(kind) && id.0 == self.last_id {
-            self.in_flight = None;
-            self.action_pending = false;
-            Ok(())
-        } else {
-            self.stats.stale_responses = self.stats.stale_responses.saturating_add(1);
-            Err(StaleResponse)
         }
     }
 
@@ -690,9 +764,14 @@ impl Lease {
     /// smaller than the 64-bit id increment and stores inlined in each.
     #[inline(never)]
     fn send(&mut self, kind: RequestKind, now: Instant) {
-        self.last_id = self.last_id.wrapping_add(1);
+        // The sequence wraps inside the low half: the term in the high half stays.
+        let seq = (self.last_id as u32).wrapping_add(1);
+        self.last_id = (self.last_id & !u64::from(u32::MAX)) | u64::from(seq);
         self.in_flight = Some(kind);
-        self.action_pending = true;
+        self.flags.set(Flags::ACTION_PENDING, true);
+        if kind == RequestKind::Acquire {
+            self.flags.set(Flags::MAYBE_GRANTED, true);
+        }
         self.sent_at = now;
         self.next_send = Instant::MAX;
     }
@@ -709,37 +788,142 @@ impl Lease {
         }
     }
 
+    fn acquire_answered(&mut self, now: Instant, outcome: AcquireOutcome, gate: &WriteGate) {
+        match outcome {
+            AcquireOutcome::Granted { fence, ttl } => {
+                self.fence = fence;
+                self.granted = ttl;
+                if !self.config.accepts_grant(ttl) {
+                    // The gate never opens; the grant is ours, so free it for others.
+                    self.give_up(now, AcquireFailure::GrantTooShort);
+                    return;
+                }
+                match self.config.safe_deadline(self.sent_at, ttl) {
+                    Some(deadline) if now < deadline => {
+                        self.hold(deadline, now, EventKind::Acquired, gate);
+                    }
+                    // Granted, but already past what the grant itself allows: the gate
+                    // never opens; free the key for others, best effort.
+                    _ => self.lose(LossReason::Expired, now, gate),
+                }
+            }
+            AcquireOutcome::HeldByAnother(_) => {
+                self.flags.set(Flags::MAYBE_GRANTED, false);
+                self.acquire_failed(now, AcquireFailure::HeldByAnother, gate);
+            }
+            AcquireOutcome::Refused(why) => {
+                self.flags.set(Flags::MAYBE_GRANTED, false);
+                self.give_up(now, AcquireFailure::Refused(why));
+            }
+            AcquireOutcome::Indeterminate(why) => {
+                self.acquire_failed(now, AcquireFailure::Indeterminate(why), gate);
+            }
+        }
+    }
+
+    fn renew_answered(&mut self, now: Instant, outcome: RenewOutcome, gate: &WriteGate) {
+        match outcome {
+            RenewOutcome::Renewed { ttl } => {
+                // A renewal sets the service's expiry to (handling time + ttl), which
+                // may be earlier than the deadline the gate holds: then the term ends.
+                match self.config.safe_deadline(self.sent_at, ttl) {
+                    Some(deadline) if ttl >= self.granted && deadline >= self.deadline => {
+                        self.hold(deadline, now, EventKind::Renewed, gate);
+                    }
+                    _ => self.lose(LossReason::Shortened, now, gate),
+                }
+            }
+            RenewOutcome::NotOwner => self.lose(LossReason::NotOwner, now, gate),
+            RenewOutcome::Refused(_) => self.lose(LossReason::Refused, now, gate),
+            RenewOutcome::Indeterminate(why) => self.renew_indeterminate(now, why, gate),
+        }
+    }
+
+    /// An answer to a renewal of this term that is no longer in flight (it timed out,
+    /// or a newer one superseded it). It extends nothing, but it can prove the lease
+    /// is gone or shortened.
+    fn late_renewal(&mut self, now: Instant, id: RequestId, outcome: RenewOutcome, gate: &WriteGate) {
+        let this_term = term_of(id.0) == self.term() && id.0 <= self.last_id;
+        if !(this_term && self.is_held()) {
+            return;
+        }
+        match outcome {
+            RenewOutcome::NotOwner => self.lose(LossReason::NotOwner, now, gate),
+            // Its send time is unknown here, so any TTL below the one asked for may
+            // have expired the key before the gate's deadline.
+            RenewOutcome::Renewed { ttl } if ttl < self.granted => {
+                self.lose(LossReason::Shortened, now, gate)
+            }
+            RenewOutcome::Refused(_) => self.lose(LossReason::Refused, now, gate),
+            RenewOutcome::Renewed { .. } | RenewOutcome::Indeterminate(_) => {}
+        }
+    }
+
     /// A grant or a renewal until `deadline` was confirmed: the gate opens (or stays
     /// open, unpaused) until then, and the next renewal is scheduled.
     fn hold(&mut self, deadline: Instant, now: Instant, event: EventKind, gate: &WriteGate) {
         self.deadline = deadline;
-        self.paused = false;
+        self.flags.set(Flags::PAUSED, false);
         self.state = State::Holding;
-        gate.publish_held(self.term, self.fence, deadline);
+        gate.publish_held(self.term(), self.fence, deadline);
         self.schedule_renewal(now);
         self.emit(event);
     }
 
-    /// Next renewal: `renew_interval` after the confirmed request was *sent*, so the
-    /// cadence stays locked to the deadlines; at once if a slow answer already overran.
+    /// Next renewal: the granted TTL's renew interval after the confirmed request was
+    /// *sent*, so the cadence stays locked to the deadlines; at once if a slow answer
+    /// already overran.
     fn schedule_renewal(&mut self, now: Instant) {
         self.next_send = self
             .sent_at
-            .saturating_add(self.config.renew_interval())
+            .saturating_add(self.config.renew_interval_for(self.granted))
             .max(now);
     }
 
-    fn acquire_failed(&mut self, now: Instant, reason: AcquireFailure) {
-        self.next_send = now.saturating_add(self.config.retry_interval());
-        self.emit(EventKind::AcquireFailed(reason));
+    /// An attempt failed: retry after a jittered interval, unless that is past the
+    /// wait bound (kept in `deadline` while acquiring).
+    fn acquire_failed(&mut self, now: Instant, reason: AcquireFailure, gate: &WriteGate) {
+        let _ = gate;
+        let retry = now.saturating_add(self.jittered(self.config.retry_interval()));
+        if retry >= self.deadline {
+            self.give_up(now, reason);
+        } else {
+            self.next_send = retry;
+            self.emit(EventKind::AcquireFailed(reason, false));
+        }
+    }
+
+    /// The acquire is over without a usable grant. If the service may have granted
+    /// any attempt, a best-effort release goes out (the gate never opened).
+    fn give_up(&mut self, now: Instant, reason: AcquireFailure) {
+        self.state = State::NotAcquired(reason);
+        self.next_send = Instant::MAX;
+        self.in_flight = None;
+        self.flags.set(Flags::ACTION_PENDING, false);
+        if self.flags.get(Flags::MAYBE_GRANTED) {
+            self.send(RequestKind::Release, now);
+        }
+        self.emit(EventKind::AcquireFailed(reason, true));
+    }
+
+    /// `interval` times a factor in [0.5, 1.5), from the xorshift state.
+    fn jittered(&mut self, interval: Duration) -> Duration {
+        let mut x = self.jitter;
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        self.jitter = x;
+        // 20 random bits as parts per million (capped just below one million).
+        let ppm = (x >> 12).min(999_999);
+        Duration::from_micros(interval.as_micros() >> 1).saturating_add(interval.ppm_ceil(ppm))
     }
 
     /// A blip is not loss: retry inside the remaining budget, never past it.
     fn renew_indeterminate(&mut self, now: Instant, why: Indeterminate, gate: &WriteGate) {
         self.state = State::RenewPending;
-        if self.config.fail_closed() && !self.paused {
-            self.paused = true;
-            gate.publish_paused(self.term, self.fence, self.deadline);
+        if self.config.fail_closed() && !self.flags.get(Flags::PAUSED) {
+            self.flags.set(Flags::PAUSED, true);
+            gate.publish_paused(self.term(), self.fence, self.deadline);
         }
         let retry = now.saturating_add(self.config.retry_interval());
         self.next_send = if retry < self.deadline {
@@ -753,11 +937,11 @@ impl Lease {
     /// Ends the term in loss. The gate flips first; the best-effort release (only when
     /// the key may still be ours at the service) is queued after.
     fn lose(&mut self, reason: LossReason, now: Instant, gate: &WriteGate) {
-        gate.publish_lost(self.term, self.fence, reason);
+        gate.publish_lost(self.term(), self.fence, reason);
         self.state = State::Lost(reason);
-        self.paused = false;
+        self.flags.set(Flags::PAUSED, false);
         self.in_flight = None;
-        self.action_pending = false;
+        self.flags.set(Flags::ACTION_PENDING, false);
         self.next_send = Instant::MAX;
         if matches!(reason, LossReason::Expired | LossReason::Shortened) {
             self.send(RequestKind::Release, now);
@@ -774,8 +958,11 @@ impl Lease {
     fn finish_release(&mut self) {
         self.state = State::Released;
         self.in_flight = None;
-        self.action_pending = false;
+        self.flags.set(Flags::ACTION_PENDING, false);
         self.next_send = Instant::MAX;
         self.emit(EventKind::Released);
     }
 }
+
+/// The jitter seed of [`Lease::new`]; any non-zero value works for xorshift.
+const DEFAULT_JITTER_SEED: u32 = 0x9e37_79b9;

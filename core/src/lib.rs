@@ -21,19 +21,25 @@ mod config;
 mod fence;
 mod gate;
 mod lease;
+mod names;
 mod outcome;
 mod sync;
 mod time;
+mod timers;
 
-pub use budget::{Budget, BudgetError, BudgetTerm};
+#[doc = include_str!("../RULES.md")]
+pub mod rules {}
+
+pub use budget::{Budget, BudgetError, BudgetPart};
 pub use config::{Config, ConfigBuilder, ConfigError};
 pub use fence::{Fence, FenceGate, StaleFence};
 pub use gate::{GateError, GateSnapshot, GateStatus, WriteGate, READ_ATTEMPTS};
 pub use lease::{
     AcquireFailure, Action, AlreadyActive, Event, Lease, NotActive, StaleResponse, State, Stats,
 };
+pub use names::{check_key, Holder, Identity, IdentityError, KeyError, MAX_KEY_LEN};
 pub use outcome::{
-    AcquireOutcome, EncodedToken, Indeterminate, LossReason, Owner, OwnerToken, ReleaseOutcome,
-    RenewOutcome, RequestId, Term,
+    AcquireOutcome, EncodedToken, HolderOutcome, Indeterminate, LossReason, Owner, OwnerToken,
+    Refusal, ReleaseOutcome, RenewOutcome, RequestId, Response, Term,
 };
 pub use time::{Duration, Instant};

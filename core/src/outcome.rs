@@ -3,7 +3,7 @@
 
 use core::fmt;
 
-use crate::{Duration, Fence};
+use crate::{Duration, Fence, Holder};
 
 /// Identifies one request the state machine asked its driver to send.
 ///
@@ -143,7 +143,10 @@ impl fmt::Display for OwnerToken {
 /// Why an answer does not say whether the service did what was asked.
 ///
 /// An indeterminate renewal is not a loss: the lease is retried inside its remaining
-/// budget. Only the safe deadline passing turns it into [`LossReason::Expired`].
+/// budget. Only the safe deadline passing turns it into [`LossReason::Expired`]. An
+/// indeterminate acquire may have been granted: the lease retries it (the service
+/// answers a retry with the same owner token idempotently) and releases it if it gives
+/// up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[non_exhaustive]
@@ -154,11 +157,9 @@ pub enum Indeterminate {
     Transport,
     /// The service answered something this client cannot interpret.
     Protocol,
-    /// The service answered with an error of its own (busy, loading, read-only…).
+    /// The service answered with an error of its own that may clear (busy, loading,
+    /// read-only replica, no leader…).
     Service,
-    /// The service said yes, but the answer arrived after the safe deadline that
-    /// answer itself allows, so it cannot be trusted to cover anything.
-    LateSuccess,
 }
 
 impl fmt::Display for Indeterminate {
@@ -167,8 +168,40 @@ impl fmt::Display for Indeterminate {
             Indeterminate::Timeout => "no answer within the request timeout",
             Indeterminate::Transport => "transport failure",
             Indeterminate::Protocol => "unintelligible answer from the lock service",
-            Indeterminate::Service => "the lock service answered with an error",
-            Indeterminate::LateSuccess => "success arrived after its own safe deadline",
+            Indeterminate::Service => "the lock service answered with an error that may clear",
+        })
+    }
+}
+
+/// A final refusal: the service understood the request and will never grant it as
+/// asked, so retrying cannot help.
+///
+/// An acquire that meets one ends at once, whatever its wait bound; a renewal that
+/// meets one ends the term ([`LossReason::Refused`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The key breaks the key rules ([`check_key`](crate::check_key)): empty, too
+    /// long, a control character, or a brace.
+    InvalidKey,
+    /// The key exists but holds something that is not a lease (a Redis list, a value
+    /// written by another program).
+    WrongType,
+    /// The service refused the credentials, or they lack the permission asked for.
+    Unauthorized,
+    /// The service cannot carry out the request as asked (a TTL it cannot represent,
+    /// a command it does not support).
+    Unsupported,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Refusal::InvalidKey => "the key is not a valid lock name",
+            Refusal::WrongType => "the key holds something that is not a lease",
+            Refusal::Unauthorized => "the lock service refused our credentials",
+            Refusal::Unsupported => "the lock service cannot carry out the request",
         })
     }
 }
@@ -176,46 +209,101 @@ impl fmt::Display for Indeterminate {
 /// What a lock service answered to an acquire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
 pub enum AcquireOutcome {
     /// The lease is ours for `ttl` *as granted by the service* (not as requested),
     /// with this fence.
     Granted {
         /// Strictly greater than every fence granted before for this key.
         fence: Fence,
-        /// The TTL the service applied.
+        /// The TTL the service applied, counted from when it handled the request.
         ttl: Duration,
     },
-    /// Somebody else holds it.
-    HeldByAnother,
+    /// Somebody else holds it; who, with which fence, and for how much longer.
+    HeldByAnother(Holder),
+    /// The service will never grant this request: do not retry.
+    Refused(Refusal),
     /// Unknown: it may or may not have been granted.
     Indeterminate(Indeterminate),
 }
 
-/// What a lock service answered to a renewal (compare-owner-and-expire).
+/// What a lock service answered to a renewal (compare owner token and fence, then
+/// expire).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
 pub enum RenewOutcome {
-    /// Extended by `ttl` from when the service handled it.
+    /// The key now expires `ttl` after the service handled the renewal.
     Renewed {
         /// The TTL the service applied.
         ttl: Duration,
     },
-    /// The service says this owner token does not hold the key: definitive.
+    /// The service says this owner token does not hold the key with this fence:
+    /// definitive.
     NotOwner,
+    /// The service will never renew as asked (e.g. our credentials were revoked).
+    Refused(Refusal),
     /// Unknown: it may or may not have been extended.
     Indeterminate(Indeterminate),
 }
 
-/// What a lock service answered to a release (compare-owner-and-delete).
+/// What a lock service answered to a release (compare owner token, then delete).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
 pub enum ReleaseOutcome {
     /// Deleted.
     Released,
     /// It was not ours any more (expired or taken): nothing to delete.
     NotOwner,
+    /// The service will never carry out this release; its TTL will clean up.
+    Refused(Refusal),
     /// Unknown; the service's TTL will clean up.
     Indeterminate(Indeterminate),
+}
+
+/// What a lock service answered to "who holds this key?".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
+pub enum HolderOutcome {
+    /// Held, by this holder.
+    Held(Holder),
+    /// Nobody holds the key.
+    Free,
+    /// The service will never answer this query (invalid key, credentials).
+    Refused(Refusal),
+    /// Unknown.
+    Indeterminate(Indeterminate),
+}
+
+/// A lock service's answer to one request of a [`Lease`](crate::Lease), whatever its
+/// kind: what a driver feeds to [`Lease::handle_response`](crate::Lease::handle_response).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Response {
+    /// The answer to an [`Action::Acquire`](crate::Action::Acquire).
+    Acquire(AcquireOutcome),
+    /// The answer to an [`Action::Renew`](crate::Action::Renew).
+    Renew(RenewOutcome),
+    /// The answer to an [`Action::Release`](crate::Action::Release).
+    Release(ReleaseOutcome),
+}
+
+impl From<AcquireOutcome> for Response {
+    fn from(outcome: AcquireOutcome) -> Response {
+        Response::Acquire(outcome)
+    }
+}
+impl From<RenewOutcome> for Response {
+    fn from(outcome: RenewOutcome) -> Response {
+        Response::Renew(outcome)
+    }
+}
+impl From<ReleaseOutcome> for Response {
+    fn from(outcome: ReleaseOutcome) -> Response {
+        Response::Release(outcome)
+    }
 }
 
 /// Why a term ended in loss.
@@ -223,17 +311,20 @@ pub enum ReleaseOutcome {
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[non_exhaustive]
 pub enum LossReason {
-    /// The service answered a renewal with "not owner": definitive, at once.
+    /// The service answered a renewal of this term with "not owner": definitive, at
+    /// once, also when it answers an older renewal after a newer one succeeded.
     NotOwner,
     /// The safe deadline passed without a confirmed renewal.
     Expired,
     /// The service reported, unprompted, that the lease is gone (key deleted, lease
     /// revoked).
     Revoked,
-    /// The service confirmed a renewal that ends *earlier* than the lease it replaces.
-    /// The old deadline can no longer be trusted and deadlines never move back, so the
-    /// term ends.
+    /// The service confirmed a renewal that may end *earlier* than the deadline the
+    /// gate holds (a shorter TTL than asked, in time or late). Deadlines never move
+    /// back, so the term ends.
     Shortened,
+    /// The service refused a renewal for good (see [`Refusal`]).
+    Refused,
 }
 
 impl fmt::Display for LossReason {
@@ -243,6 +334,7 @@ impl fmt::Display for LossReason {
             LossReason::Expired => "the safe deadline passed without a confirmed renewal",
             LossReason::Revoked => "the lock service revoked the lease",
             LossReason::Shortened => "the lock service shortened the lease",
+            LossReason::Refused => "the lock service refused to renew the lease",
         })
     }
 }

@@ -8,8 +8,8 @@ use core::task::{Context, Poll};
 
 use futures_util::future::{Either, FutureExt};
 use leasehold::{
-    AcquireOutcome, Action, AlreadyActive, Event, Fence, Lease, LossReason, Owner, ReleaseOutcome,
-    RenewOutcome, RequestId, State, WriteGate,
+    AcquireFailure, AcquireOutcome, Action, AlreadyActive, Event, Fence, Holder, Identity,
+    Instant, Lease, LossReason, Owner, RequestId, Response, State, WriteGate,
 };
 
 use crate::{Clock, LocalLockService};
@@ -22,9 +22,24 @@ pub enum TermEnd {
     Lost(LossReason),
     /// Released on request (or given up while still acquiring).
     Released,
+    /// Ended without a grant: refused for good, or the wait bound ran out with this
+    /// last failure.
+    NotAcquired(AcquireFailure),
 }
 
-/// Where one term's I/O goes: the service, the key and the owner presenting it.
+/// What [`run_term`] reports as the term goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
+pub enum Report {
+    /// A lease event, right after the step that made it.
+    Event(Event),
+    /// An acquire attempt found the key held: by whom, and for how much longer. The
+    /// [`Event::AcquireFailed`] of the same answer follows.
+    HeldBy(Holder),
+}
+
+/// Where one term's I/O goes: the service, the key, and the owner presenting it.
 ///
 /// `Copy` whatever the service is (it is held by reference), so a task can keep one
 /// and pass it to [`run_term`] for every term.
@@ -36,6 +51,8 @@ pub struct Target<'a, S> {
     pub key: &'a str,
     /// Who we are; the term is added by the lease.
     pub owner: Owner,
+    /// Who we are, in words: stored with the grant, shown to contenders.
+    pub identity: &'a Identity,
 }
 
 // Not derived: a derive would require `S: Clone`, but only `&S` is copied.
@@ -46,28 +63,23 @@ impl<S> Clone for Target<'_, S> {
 }
 impl<S> Copy for Target<'_, S> {}
 
-/// The answer to the request in flight, whatever its kind.
-enum Answer {
-    Acquire(AcquireOutcome),
-    Renew(RenewOutcome),
-    Release(ReleaseOutcome),
-}
-
 /// What woke the loop.
 enum Wake {
-    Answered(RequestId, Answer),
+    Answered(RequestId, Response),
     Revoked(Fence),
     ReleaseRequested,
     Timer,
 }
 
-/// Runs one term of `lease` to its end: acquires, keeps the lease renewed, and returns
-/// when it is lost or released.
+/// Runs one term of `lease` to its end: acquires (giving up at `give_up_at`, see
+/// [`Lease::acquire_until`]), keeps the lease renewed, and returns when it is lost,
+/// released, or was never acquired.
 ///
 /// * `gate` is the lease's write gate; the lease flips it before this loop acts on
 ///   anything else of the same step, so workers stop before any request goes out.
 /// * `release` completes when the user wants to let go; it is polled until it does.
-/// * `on_event` sees every [`Event`] in order, right after the step that made it.
+/// * `report` sees every [`Event`] in order, right after the step that made it, and
+///   the holder named by each "held by another" answer.
 ///
 /// Every request is bounded by the lease's request timeout: when the lease gives up
 /// on one, its future is dropped. The best-effort release after a loss is driven to
@@ -79,21 +91,23 @@ pub async fn run_term<S, C, R, F>(
     gate: &WriteGate,
     target: Target<'_, S>,
     clock: &C,
+    give_up_at: Instant,
     release: R,
-    mut on_event: F,
+    mut report: F,
 ) -> Result<TermEnd, AlreadyActive>
 where
     S: LocalLockService,
     C: Clock,
     R: Future<Output = ()>,
-    F: FnMut(Event),
+    F: FnMut(Report),
 {
     let Target {
         service,
         key,
         owner,
+        identity,
     } = target;
-    lease.acquire(clock.now(), gate)?;
+    lease.acquire_until(clock.now(), give_up_at, gate)?;
 
     let mut release = pin!(Some(release));
     // The lease has at most one request in flight (a new one supersedes the old), so
@@ -109,25 +123,27 @@ where
             let io = match action {
                 Action::Acquire { term, ttl, .. } => Either::Left(
                     service
-                        .acquire(key, owner.token(term), ttl)
-                        .map(Answer::Acquire),
+                        .acquire(key, owner.token(term), identity, ttl)
+                        .map(Response::Acquire),
                 ),
                 Action::Renew {
                     term, fence, ttl, ..
                 } => Either::Right(Either::Left(
                     service
                         .renew(key, owner.token(term), fence, ttl)
-                        .map(Answer::Renew),
+                        .map(Response::Renew),
                 )),
                 Action::Release { term, .. } => Either::Right(Either::Right(
-                    service.release(key, owner.token(term)).map(Answer::Release),
+                    service
+                        .release(key, owner.token(term))
+                        .map(Response::Release),
                 )),
             };
             request.set(Some(io));
             request_id = Some(action.id());
         }
         while let Some(event) = lease.poll_event() {
-            on_event(event);
+            report(Report::Event(event));
         }
 
         // Drop the I/O of a request the lease no longer waits for.
@@ -146,6 +162,9 @@ where
         match lease.state() {
             State::Lost(reason) if request_id.is_none() => return Ok(TermEnd::Lost(reason)),
             State::Released if request_id.is_none() => return Ok(TermEnd::Released),
+            State::NotAcquired(why) if request_id.is_none() => {
+                return Ok(TermEnd::NotAcquired(why))
+            }
             _ => {}
         }
 
@@ -174,13 +193,12 @@ where
         // Refusals (a stale answer, a release with no term left) change nothing; the
         // lease counts stale answers in its stats.
         match wake {
-            Wake::Answered(id, answer) => {
+            Wake::Answered(id, response) => {
                 request_id = None;
-                let _ = match answer {
-                    Answer::Acquire(answer) => lease.handle_acquire_response(now, id, answer, gate),
-                    Answer::Renew(answer) => lease.handle_renew_response(now, id, answer, gate),
-                    Answer::Release(answer) => lease.handle_release_response(now, id, answer, gate),
-                };
+                if let Response::Acquire(AcquireOutcome::HeldByAnother(holder)) = response {
+                    report(Report::HeldBy(holder));
+                }
+                let _ = lease.handle_response(now, id, response, gate);
             }
             Wake::Revoked(fence) => {
                 let _ = lease.handle_revoked(now, fence, gate);

@@ -11,5 +11,5 @@ mod drive;
 mod service;
 
 pub use clock::Clock;
-pub use drive::{run_term, Target, TermEnd};
+pub use drive::{run_term, Report, Target, TermEnd};
 pub use service::{LocalLockService, LockService};

@@ -2,45 +2,96 @@
 
 use core::future::Future;
 
-use leasehold::{AcquireOutcome, Duration, Fence, OwnerToken, ReleaseOutcome, RenewOutcome};
+use leasehold::{
+    AcquireOutcome, Duration, Fence, HolderOutcome, Identity, OwnerToken, ReleaseOutcome,
+    RenewOutcome,
+};
 
 /// A lock service: grants, extends and frees leases on named keys.
 ///
 /// Implement this for single-threaded executors (embassy, a firmware link); implement
 /// its `Send` twin [`LockService`] for tokio and other work-stealing runtimes — every
-/// `LockService` is a `LocalLockService` too.
+/// `LockService` is a `LocalLockService` too. The crate `leasehold-conformance` has
+/// one test per clause below; a backend that passes it keeps the contract.
 ///
-/// Contract for implementations:
+/// # Keys and identities
 ///
-/// * **acquire** grants `key` to `token` for `ttl` only if nobody holds it, and returns
-///   a fence strictly greater than every fence granted before for `key`, and the TTL it
-///   *applied* (which may differ from the one asked for). If `token` itself already
-///   holds `key` (an earlier attempt succeeded but its answer was lost), grant it again
-///   with its existing fence.
-/// * **renew** extends `key` by `ttl` *only if `token` still holds it with `fence`*
-///   (compare-and-expire) — otherwise `NotOwner`. It never extends someone else's
-///   lease, nor a newer grant to the same token (a late duplicate acquire after the
-///   key was deleted), which this client cannot write with.
-/// * **release** deletes `key` only if `token` still holds it (compare-and-delete).
-/// * Anything that leaves the outcome unknown — timeout, broken connection, an answer
-///   that does not parse — is `Indeterminate`, never a guess. Never answer `Granted` or
-///   `Renewed` unless the service confirmed it.
+/// * Every key that passes [`leasehold::check_key`] is accepted and stored as given;
+///   any other key is refused with [`Refusal::InvalidKey`](leasehold::Refusal) (never
+///   retried, never `Indeterminate`).
+/// * **acquire** stores the holder's [`Identity`] with the grant; a contender learns it
+///   from [`AcquireOutcome::HeldByAnother`], anyone from [`holder`](Self::holder).
+///
+/// # Time: what a TTL means
+///
+/// The service keeps one expiry per key on its own monotonic clock, and the key is
+/// gone at that instant (its hard TTL is the only authority). A request is *handled*
+/// at one instant between its send time and the receipt of its answer.
+///
+/// * **acquire** with `ttl` — if nobody holds `key`, sets its expiry to *handling time
+///   + g* and answers `Granted { fence, ttl: g }`. A service may grant a `g` other than
+///   the `ttl` asked for (its own minimum or maximum), but only here, and it reports
+///   the `g` it applied. The client derives everything from `g`: its safe deadline,
+///   its renewal cadence (every g/3 by default), and the `ttl` of its renewals.
+/// * **renew** with `ttl` (the client always asks for the `g` of its grant) — if the
+///   key is still held by `token` *with `fence`*, **replaces** its expiry with
+///   *handling time + r* and answers `Renewed { ttl: r }`, where **`r ≥ ttl`**: a
+///   renewal never applies less than it was asked for. Replacing means a renewal may
+///   set an *earlier* expiry than the one before (`PEXPIRE` semantics); the client
+///   allows for that because its renewals never ask for less than the grant's `g`.
+///   An answer with `r < ttl` breaks this clause; the client then ends the term
+///   ([`LossReason::Shortened`](leasehold::LossReason)) whenever the answer arrives,
+///   in time or late, as it can no longer bound the expiry of any renewal it sent.
+/// * Otherwise the answer is `NotOwner`: renew never extends someone else's lease, nor
+///   a newer grant to the same token (a late duplicate acquire after the key was
+///   deleted re-creates it with a new fence), and it never re-creates a deleted key.
+///
+/// # Grants and fences
+///
+/// * The fence of a grant is strictly greater than every fence granted before for the
+///   same key, across expiries, releases and restarts of the service (a service that
+///   cannot promise this across restarts says so in its docs, with the recovery).
+/// * An acquire by the `token` that already holds `key` (an earlier attempt succeeded
+///   but its answer was lost) is granted again with the *same* fence, and sets the
+///   expiry as a renewal would.
+/// * If another token holds `key`, the answer is `HeldByAnother` with that holder's
+///   identity, fence and remaining TTL, and nothing changes.
+///
+/// # Release and query
+///
+/// * **release** deletes `key` only if `token` still holds it (compare-and-delete),
+///   whatever the fence; otherwise `NotOwner`.
+/// * **holder** reports who holds `key` now (identity, fence, remaining TTL), or
+///   `Free`. It changes nothing.
+///
+/// # Failures
+///
+/// * **Final refusals** — the request can never succeed as asked: an invalid key, a
+///   key that holds something that is not a lease (Redis `WRONGTYPE`, a foreign value),
+///   credentials refused — are `Refused(reason)`. The client never retries them.
+/// * Anything that leaves the outcome unknown — timeout, broken connection, a server
+///   that is down or loading, an answer that does not parse — is `Indeterminate`,
+///   never a guess. Never answer `Granted` or `Renewed` unless the service confirmed
+///   it.
 /// * Futures may be dropped at any time (the driver gives up on a request after the
 ///   lease's request timeout); a dropped request must leave nothing behind that
-///   another request depends on.
+///   another request depends on. No call may wait forever: bound connects and
+///   reconnects by the request timeout or a timeout of the service's own.
 ///
 /// [`revoked`](LocalLockService::revoked) lets a service that can see the key (an etcd
 /// watch, a gateway push) end the lease before the next renewal would.
 pub trait LocalLockService {
-    /// Acquire `key` for `token`, for `ttl`.
+    /// Acquire `key` for `token` (presenting `identity`), for `ttl`.
     fn acquire(
         &self,
         key: &str,
         token: OwnerToken,
+        identity: &Identity,
         ttl: Duration,
     ) -> impl Future<Output = AcquireOutcome>;
 
-    /// Extend `key` by `ttl` if `token` still holds it with `fence`.
+    /// Replace the expiry of `key` with now + `ttl` if `token` still holds it with
+    /// `fence`.
     fn renew(
         &self,
         key: &str,
@@ -51,6 +102,9 @@ pub trait LocalLockService {
 
     /// Delete `key` if `token` still holds it.
     fn release(&self, key: &str, token: OwnerToken) -> impl Future<Output = ReleaseOutcome>;
+
+    /// Who holds `key` now.
+    fn holder(&self, key: &str) -> impl Future<Output = HolderOutcome>;
 
     /// Completes when the service learns, unprompted, that the grant of `key` to
     /// `token` with `fence` is gone (deleted, revoked, taken). Services that cannot
@@ -71,6 +125,7 @@ pub trait LockService: Send + Sync {
         &self,
         key: &str,
         token: OwnerToken,
+        identity: &Identity,
         ttl: Duration,
     ) -> impl Future<Output = AcquireOutcome> + Send;
 
@@ -85,6 +140,9 @@ pub trait LockService: Send + Sync {
 
     /// See [`LocalLockService::release`].
     fn release(&self, key: &str, token: OwnerToken) -> impl Future<Output = ReleaseOutcome> + Send;
+
+    /// See [`LocalLockService::holder`].
+    fn holder(&self, key: &str) -> impl Future<Output = HolderOutcome> + Send;
 
     /// See [`LocalLockService::revoked`].
     fn revoked(
@@ -103,9 +161,10 @@ impl<T: LockService> LocalLockService for T {
         &self,
         key: &str,
         token: OwnerToken,
+        identity: &Identity,
         ttl: Duration,
     ) -> impl Future<Output = AcquireOutcome> {
-        LockService::acquire(self, key, token, ttl)
+        LockService::acquire(self, key, token, identity, ttl)
     }
     fn renew(
         &self,
@@ -118,6 +177,9 @@ impl<T: LockService> LocalLockService for T {
     }
     fn release(&self, key: &str, token: OwnerToken) -> impl Future<Output = ReleaseOutcome> {
         LockService::release(self, key, token)
+    }
+    fn holder(&self, key: &str) -> impl Future<Output = HolderOutcome> {
+        LockService::holder(self, key)
     }
     fn revoked(&self, key: &str, token: OwnerToken, fence: Fence) -> impl Future<Output = ()> {
         LockService::revoked(self, key, token, fence)

@@ -1,0 +1,271 @@
+//! The names a lock service stores: the key, and the holder's human-readable identity.
+//!
+//! Both are checked here, once, so every service accepts and refuses the same names.
+
+use core::fmt;
+
+use crate::{Duration, Fence};
+
+/// The longest key, in bytes.
+pub const MAX_KEY_LEN: usize = 256;
+
+/// Checks `key` against the key rules every lock service follows.
+///
+/// A key is 1 to [`MAX_KEY_LEN`] bytes of UTF-8 with no control characters and no
+/// braces. Braces are out because a Redis service wraps the key in a hash tag
+/// (`{key}`) so that the lock and its fence counter share a cluster slot; a brace in
+/// the key would move the tag. Everything else (spaces, `/`, `:`, non-ASCII) is fine.
+///
+/// ```
+/// use leasehold::{check_key, KeyError};
+///
+/// assert_eq!(check_key("orders/eu-west:1"), Ok(()));
+/// assert_eq!(check_key(""), Err(KeyError::Empty));
+/// assert_eq!(check_key("a{b}"), Err(KeyError::Brace { at: 1 }));
+/// ```
+pub fn check_key(key: &str) -> Result<(), KeyError> {
+    if key.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(KeyError::TooLong { len: key.len() });
+    }
+    for (at, c) in key.char_indices() {
+        if c == '{' || c == '}' {
+            return Err(KeyError::Brace { at });
+        }
+        if c.is_control() {
+            return Err(KeyError::Control { at });
+        }
+    }
+    Ok(())
+}
+
+/// Why a key breaks the key rules (see [`check_key`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The key is empty.
+    Empty,
+    /// The key is longer than [`MAX_KEY_LEN`] bytes.
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// A `{` or `}` at this byte offset.
+    Brace {
+        /// Byte offset.
+        at: usize,
+    },
+    /// A control character at this byte offset.
+    Control {
+        /// Byte offset.
+        at: usize,
+    },
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            KeyError::Empty => f.write_str("invalid key: it is empty"),
+            KeyError::TooLong { len } => {
+                write!(f, "invalid key: {len} bytes, the limit is {MAX_KEY_LEN}")
+            }
+            KeyError::Brace { at } => {
+                write!(f, "invalid key: a brace at byte {at} (braces are reserved for hash tags)")
+            }
+            KeyError::Control { at } => write!(f, "invalid key: a control character at byte {at}"),
+        }
+    }
+}
+
+impl core::error::Error for KeyError {}
+
+/// Who holds a lease, in words a person can read in a log: e.g. `host-7:4711`.
+///
+/// Stored by the service with every grant, next to the owner token, and reported to
+/// contenders ([`Holder`]). At most [`Identity::CAPACITY`] bytes of UTF-8 without
+/// control characters; empty means "not given". It identifies nothing for safety: the
+/// owner token and the fence do that.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Identity {
+    buf: [u8; Identity::CAPACITY],
+    len: u8,
+}
+
+impl Identity {
+    /// The longest identity, in bytes.
+    pub const CAPACITY: usize = 64;
+
+    /// The empty identity: a holder that did not say who it is.
+    pub const EMPTY: Identity = Identity {
+        buf: [0; Identity::CAPACITY],
+        len: 0,
+    };
+
+    /// Checks and copies `text`.
+    pub fn new(text: &str) -> Result<Identity, IdentityError> {
+        if text.len() > Identity::CAPACITY {
+            return Err(IdentityError::TooLong { len: text.len() });
+        }
+        if let Some((at, _)) = text.char_indices().find(|(_, c)| c.is_control()) {
+            return Err(IdentityError::Control { at });
+        }
+        let mut identity = Identity::EMPTY;
+        for (slot, byte) in identity.buf.iter_mut().zip(text.bytes()) {
+            *slot = byte;
+        }
+        identity.len = text.len() as u8;
+        Ok(identity)
+    }
+
+    /// Like [`new`](Self::new), but cuts `text` to the longest prefix that fits (on a
+    /// character boundary) and replaces control characters with `?`: for identities
+    /// read back from a service, which must not fail a query.
+    pub fn lossy(text: &str) -> Identity {
+        let mut identity = Identity::EMPTY;
+        let mut len = 0usize;
+        for c in text.chars() {
+            let c = if c.is_control() { '?' } else { c };
+            let mut utf8 = [0; 4];
+            let encoded = c.encode_utf8(&mut utf8).as_bytes();
+            let Some(slots) = identity.buf.get_mut(len..len.saturating_add(encoded.len()))
+            else {
+                break;
+            };
+            slots.copy_from_slice(encoded);
+            len = len.saturating_add(encoded.len());
+        }
+        identity.len = len as u8;
+        identity
+    }
+
+    /// The identity's text.
+    pub fn as_str(&self) -> &str {
+        let bytes = self.buf.get(..usize::from(self.len)).unwrap_or(&[]);
+        core::str::from_utf8(bytes).unwrap_or("")
+    }
+
+    /// Whether no identity was given.
+    pub const fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Default for Identity {
+    fn default() -> Identity {
+        Identity::EMPTY
+    }
+}
+
+impl fmt::Debug for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.is_empty() {
+            "(anonymous)"
+        } else {
+            self.as_str()
+        })
+    }
+}
+
+#[cfg(feature = "defmt")]
+impl defmt::Format for Identity {
+    fn format(&self, f: defmt::Formatter<'_>) {
+        defmt::write!(f, "{=str}", self.as_str());
+    }
+}
+
+/// Why a text cannot be an [`Identity`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
+pub enum IdentityError {
+    /// Longer than [`Identity::CAPACITY`] bytes.
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// A control character at this byte offset.
+    Control {
+        /// Byte offset.
+        at: usize,
+    },
+}
+
+impl fmt::Display for IdentityError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            IdentityError::TooLong { len } => write!(
+                f,
+                "invalid holder identity: {len} bytes, the limit is {}",
+                Identity::CAPACITY
+            ),
+            IdentityError::Control { at } => {
+                write!(f, "invalid holder identity: a control character at byte {at}")
+            }
+        }
+    }
+}
+
+impl core::error::Error for IdentityError {}
+
+/// Who holds a key, as the service saw it when it answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Holder {
+    /// The identity the holder gave when it acquired.
+    pub identity: Identity,
+    /// The fence of its grant.
+    pub fence: Fence,
+    /// How long until the service expires the grant unless it is renewed.
+    pub remaining: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_follow_the_rules() {
+        assert_eq!(check_key("k"), Ok(()));
+        assert_eq!(check_key("a b/c:d.é"), Ok(()));
+        let long = "x".repeat(MAX_KEY_LEN);
+        assert_eq!(check_key(&long), Ok(()));
+        assert_eq!(
+            check_key(&(long + "x")),
+            Err(KeyError::TooLong {
+                len: MAX_KEY_LEN + 1
+            })
+        );
+        assert_eq!(check_key(""), Err(KeyError::Empty));
+        assert_eq!(check_key("ab}"), Err(KeyError::Brace { at: 2 }));
+        assert_eq!(check_key("a\nb"), Err(KeyError::Control { at: 1 }));
+    }
+
+    #[test]
+    fn identities_are_bounded_and_printable() {
+        assert_eq!(Identity::new("host-7:4711").unwrap().as_str(), "host-7:4711");
+        assert!(Identity::new("").unwrap().is_empty());
+        let full = "é".repeat(32);
+        assert_eq!(Identity::new(&full).unwrap().as_str(), full);
+        assert_eq!(
+            Identity::new(&(full.clone() + "x")),
+            Err(IdentityError::TooLong { len: 65 })
+        );
+        assert_eq!(
+            Identity::new("a\tb"),
+            Err(IdentityError::Control { at: 1 })
+        );
+        // Read back from a service: never fails, cut on a character boundary.
+        assert_eq!(Identity::lossy(&(full.clone() + "é")).as_str(), full);
+        assert_eq!(Identity::lossy(&("x".to_string() + &full)).as_str().len(), 63);
+        assert_eq!(Identity::lossy("a\u{7}b").as_str(), "a?b");
+    }
+}
