@@ -1,9 +1,14 @@
-//! Typed errors: what went wrong, precisely enough to log and to test.
+//! Typed errors: what failed, where, and what to do, precisely enough to log and to
+//! test.
+//!
+//! Each message is complete on its own: `Display` says the request, the endpoint, the
+//! cause and, where there is one, the remedy, and `source()` returns `None`, so a log
+//! line or an `anyhow` chain prints the cause exactly once.
 
 use std::fmt;
 
-use leasehold::Indeterminate;
-use redis::{ErrorKind, RedisError, Value};
+use leasehold::{Indeterminate, KeyError, Refusal};
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
 /// Which request failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -17,6 +22,8 @@ pub enum Op {
     Renew,
     /// The release script.
     Release,
+    /// The holder query.
+    Holder,
     /// [`RedisLockService::raise_fence`](crate::RedisLockService::raise_fence).
     RaiseFence,
 }
@@ -28,6 +35,7 @@ impl fmt::Display for Op {
             Op::Acquire => "acquire",
             Op::Renew => "renew",
             Op::Release => "release",
+            Op::Holder => "holder",
             Op::RaiseFence => "raise fence",
         })
     }
@@ -47,28 +55,33 @@ pub struct ProtocolError {
 
 impl ProtocolError {
     pub(crate) fn new(op: Op, expected: &'static str, found: &Value) -> ProtocolError {
-        let mut found = format!("{found:?}");
-        if found.len() > 200 {
-            let mut cut = 200;
-            while !found.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            found.truncate(cut);
-            found.push('…');
-        }
         ProtocolError {
             op,
             expected,
-            found,
+            found: truncate(format!("{found:?}")),
         }
     }
+}
+
+/// Cuts `text` to 200 bytes on a character boundary, marking the cut.
+fn truncate(mut text: String) -> String {
+    if text.len() > 200 {
+        let mut cut = 200;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push('…');
+    }
+    text
 }
 
 impl fmt::Display for ProtocolError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}: expected {}, Redis answered {}",
+            "{}: expected {}, Redis answered {} (is something other than Redis, or a proxy \
+             that rewrites replies, on this address?)",
             self.op, self.expected, self.found
         )
     }
@@ -76,111 +89,203 @@ impl fmt::Display for ProtocolError {
 
 impl std::error::Error for ProtocolError {}
 
-/// Why a request to Redis did not produce a definitive answer.
+/// Why a request to Redis did not succeed.
 ///
-/// Every variant is an *unknown* outcome for the lease: the
-/// [`LockService`](leasehold_driver::LockService) impl turns it into
-/// [`Indeterminate`] (see [`RedisLockError::indeterminate`]), and the lease retries
-/// inside its remaining budget. None of them is ever read as "granted" or "renewed".
+/// Each error is either a final refusal ([`refusal`](Self::refusal) is `Some`: the
+/// [`LockService`](leasehold_driver::LockService) impl answers `Refused`, and the
+/// lease never retries it) or an unknown outcome ([`indeterminate`](Self::indeterminate)
+/// is `Some`: the impl answers `Indeterminate`, and the lease retries inside its
+/// remaining budget). None of them is ever read as "granted" or "renewed".
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum RedisLockError {
+    /// The key breaks the key rules ([`leasehold::check_key`]); nothing was sent.
+    InvalidKey {
+        /// The request.
+        op: Op,
+        /// The key as given (cut to 200 bytes).
+        key: String,
+        /// Which rule it breaks.
+        error: KeyError,
+    },
+    /// Redis answered with a refusal that retrying cannot clear: `WRONGTYPE` (the
+    /// key holds a hash, a list…), `LEASEHOLD` (it holds a string leasehold did not
+    /// write), `WRONGPASS`, `NOAUTH`, `NOPERM` (credentials), `LEASEHOLD_EXHAUSTED`
+    /// (the fence counter is at 2^63 - 1).
+    Refused {
+        /// The request.
+        op: Op,
+        /// Where: `host:port` of the Redis server.
+        endpoint: String,
+        /// The final outcome the lease sees.
+        refusal: Refusal,
+        /// The error code (the reply's first word), e.g. `WRONGTYPE`.
+        code: String,
+        /// The rest of the reply.
+        message: String,
+    },
     /// The connection failed: refused, reset, closed, or could not be re-established.
     Transport {
         /// The request.
         op: Op,
-        /// The client's error.
-        source: RedisError,
+        /// Where: `host:port` of the Redis server.
+        endpoint: String,
+        /// The client's error (its text is part of this error's message).
+        cause: RedisError,
     },
     /// No answer within the configured request timeout.
     Timeout {
         /// The request.
         op: Op,
+        /// Where: `host:port` of the Redis server.
+        endpoint: String,
         /// The timeout that elapsed.
         after: std::time::Duration,
     },
-    /// Redis answered with an error reply: `WRONGTYPE` (a key holds a hash, a list…),
-    /// `LEASEHOLD` (the fence counter is not an integer), `READONLY` (a replica),
-    /// `LOADING`, `BUSY`, `OOM`, `NOPERM`, `CROSSSLOT`…
+    /// Redis answered with an error reply that may clear: `LOADING`, `READONLY` (a
+    /// replica), `BUSY`, `OOM`, `MASTERDOWN`, `ERR`…
     Service {
         /// The request.
         op: Op,
-        /// The error code (the reply's first word), e.g. `WRONGTYPE`.
+        /// Where: `host:port` of the Redis server.
+        endpoint: String,
+        /// The error code (the reply's first word), e.g. `LOADING`.
         code: String,
         /// The rest of the reply.
         message: String,
     },
     /// Redis answered something the scripts never produce.
     Protocol(ProtocolError),
-    /// The request was not sent: the key or TTL cannot be expressed (see
-    /// [`Keys::new`](crate::Keys::new)).
+    /// The request was not sent: an argument cannot be expressed (a fence beyond what
+    /// the counter can hold).
     InvalidRequest {
         /// The request.
         op: Op,
         /// Why.
         reason: &'static str,
     },
-    /// The URL or the settings cannot be used (malformed URL, `rediss://` without
-    /// the `tls` feature). Only [`Builder::connect`](crate::Builder::connect) returns it.
-    Config(RedisError),
+    /// The URL or the settings cannot be used (malformed URL, `rediss://` without the
+    /// `tls` feature). Only [`Builder::connect`](crate::Builder::connect) returns it.
+    Config {
+        /// The URL, with any password replaced by `***`.
+        url: String,
+        /// What is wrong with it, and what to do.
+        reason: String,
+    },
 }
 
 impl RedisLockError {
     /// The request that failed.
     pub fn op(&self) -> Op {
         match self {
-            RedisLockError::Transport { op, .. }
+            RedisLockError::InvalidKey { op, .. }
+            | RedisLockError::Refused { op, .. }
+            | RedisLockError::Transport { op, .. }
             | RedisLockError::Timeout { op, .. }
             | RedisLockError::Service { op, .. }
             | RedisLockError::InvalidRequest { op, .. } => *op,
             RedisLockError::Protocol(e) => e.op,
-            RedisLockError::Config(_) => Op::Connect,
+            RedisLockError::Config { .. } => Op::Connect,
         }
     }
 
-    /// The indeterminate outcome the lease sees for this error.
+    /// The final refusal this error is, if it is one.
+    ///
+    /// | error | [`Refusal`] |
+    /// |---|---|
+    /// | `InvalidKey` | `InvalidKey` |
+    /// | `Refused` | its `refusal` (`WrongType`, `Unauthorized`, `Unsupported`) |
+    /// | `InvalidRequest`, `Config` | `Unsupported` |
+    /// | others | none: see [`indeterminate`](Self::indeterminate) |
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self {
+            RedisLockError::InvalidKey { .. } => Some(Refusal::InvalidKey),
+            RedisLockError::Refused { refusal, .. } => Some(*refusal),
+            RedisLockError::InvalidRequest { .. } | RedisLockError::Config { .. } => {
+                Some(Refusal::Unsupported)
+            }
+            _ => None,
+        }
+    }
+
+    /// The unknown outcome this error is, unless it is a [`refusal`](Self::refusal).
     ///
     /// | error | [`Indeterminate`] |
     /// |---|---|
     /// | `Transport` | `Transport` |
     /// | `Timeout` | `Timeout` |
     /// | `Service` | `Service` |
-    /// | `Protocol`, `InvalidRequest`, `Config` | `Protocol` |
-    pub fn indeterminate(&self) -> Indeterminate {
+    /// | `Protocol` | `Protocol` |
+    pub fn indeterminate(&self) -> Option<Indeterminate> {
         match self {
-            RedisLockError::Transport { .. } => Indeterminate::Transport,
-            RedisLockError::Timeout { .. } => Indeterminate::Timeout,
-            RedisLockError::Service { .. } => Indeterminate::Service,
-            RedisLockError::Protocol(_)
-            | RedisLockError::InvalidRequest { .. }
-            | RedisLockError::Config(_) => Indeterminate::Protocol,
-        }
-    }
-
-    /// The error code of a `Service` error (`WRONGTYPE`, `READONLY`…).
-    pub fn service_code(&self) -> Option<&str> {
-        match self {
-            RedisLockError::Service { code, .. } => Some(code),
+            RedisLockError::Transport { .. } => Some(Indeterminate::Transport),
+            RedisLockError::Timeout { .. } => Some(Indeterminate::Timeout),
+            RedisLockError::Service { .. } => Some(Indeterminate::Service),
+            RedisLockError::Protocol(_) => Some(Indeterminate::Protocol),
             _ => None,
         }
     }
 
-    /// Sorts a client error into transport, service or protocol trouble.
-    pub(crate) fn from_redis(op: Op, err: RedisError) -> RedisLockError {
-        match err.kind() {
-            ErrorKind::Server(_) | ErrorKind::Extension | ErrorKind::AuthenticationFailed => {
-                let code = err.code().unwrap_or("ERR").to_owned();
-                let message = err.detail().unwrap_or_default().to_owned();
-                RedisLockError::Service { op, code, message }
+    /// The Redis error code of a `Refused` or `Service` error (`WRONGTYPE`,
+    /// `READONLY`…).
+    pub fn service_code(&self) -> Option<&str> {
+        match self {
+            RedisLockError::Refused { code, .. } | RedisLockError::Service { code, .. } => {
+                Some(code)
             }
+            _ => None,
+        }
+    }
+
+    /// Sorts a client error into refusal, transport, service or protocol trouble.
+    pub(crate) fn from_redis(op: Op, endpoint: &str, err: RedisError) -> RedisLockError {
+        let endpoint = endpoint.to_owned();
+        let kind = err.kind();
+        let code = err.code().unwrap_or_default().to_owned();
+        let message = err.detail().unwrap_or_default().trim().to_owned();
+        let refusal = match (kind, code.as_str()) {
+            (ErrorKind::AuthenticationFailed, _)
+            | (ErrorKind::Server(ServerErrorKind::NoPerm), _)
+            | (_, "WRONGPASS" | "NOAUTH" | "NOPERM") => Some(Refusal::Unauthorized),
+            (_, "WRONGTYPE" | "LEASEHOLD") => Some(Refusal::WrongType),
+            (_, "LEASEHOLD_EXHAUSTED") => Some(Refusal::Unsupported),
+            _ => None,
+        };
+        if let Some(refusal) = refusal {
+            // An AUTH refused during the handshake has no reply text in the client's
+            // error: name what happened.
+            let code = if code.is_empty() {
+                "WRONGPASS".to_owned()
+            } else {
+                code
+            };
+            return RedisLockError::Refused {
+                op,
+                endpoint,
+                refusal,
+                code,
+                message,
+            };
+        }
+        match kind {
+            ErrorKind::Server(_) | ErrorKind::Extension => RedisLockError::Service {
+                op,
+                endpoint,
+                code: if code.is_empty() { "ERR".into() } else { code },
+                message,
+            },
             ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
                 RedisLockError::Protocol(ProtocolError {
                     op,
                     expected: "a well-formed RESP reply",
-                    found: err.to_string(),
+                    found: truncate(err.to_string()),
                 })
             }
-            _ => RedisLockError::Transport { op, source: err },
+            _ => RedisLockError::Transport {
+                op,
+                endpoint,
+                cause: err,
+            },
         }
     }
 }
@@ -188,36 +293,256 @@ impl RedisLockError {
 impl fmt::Display for RedisLockError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            RedisLockError::Transport { op, source } => {
-                write!(f, "{op}: connection to Redis failed: {source}")
+            RedisLockError::InvalidKey { op, key, error } => write!(
+                f,
+                "{op} {key:?}: {error}; use 1 to {} bytes without braces or control characters",
+                leasehold::MAX_KEY_LEN
+            ),
+            RedisLockError::Refused {
+                op,
+                endpoint,
+                refusal,
+                code,
+                message,
+            } => {
+                let (what, remedy) = match (refusal, code.as_str()) {
+                    (Refusal::Unauthorized, "NOPERM") => (
+                        "permission denied",
+                        "grant the Redis user the commands EVALSHA, SCRIPT, GET, SET, INCR, \
+                         PEXPIRE, PTTL and DEL on the lock keys (ACL SETUSER)",
+                    ),
+                    (Refusal::Unauthorized, "NOAUTH") => (
+                        "authentication failed: check the password",
+                        "Redis requires one: redis://:PASSWORD@host:port",
+                    ),
+                    (Refusal::Unauthorized, _) => (
+                        "authentication failed: check the password",
+                        "and the user name, if the URL has one",
+                    ),
+                    (Refusal::WrongType, "LEASEHOLD") => (
+                        "the key holds a value leasehold did not write",
+                        "another program uses this key: pick another key, or delete it",
+                    ),
+                    (Refusal::WrongType, _) => (
+                        "the key holds a Redis type other than a string",
+                        "another program uses this key: pick another key, or delete it",
+                    ),
+                    _ => ("refused", "see Redis's reply; retrying will not help"),
+                };
+                write!(
+                    f,
+                    "{op} on {endpoint}: {what} ({remedy}); Redis said: {code}"
+                )?;
+                if !message.is_empty() {
+                    write!(f, " {message}")?;
+                }
+                Ok(())
             }
-            RedisLockError::Timeout { op, after } => {
-                write!(f, "{op}: no answer from Redis within {after:?}")
+            RedisLockError::Transport {
+                op,
+                endpoint,
+                cause,
+            } => {
+                write!(f, "{op} on {endpoint}: connection failed: {cause}")?;
+                if cause.is_connection_refusal() {
+                    f.write_str(" (is redis-server running and listening at that address?)")?;
+                }
+                Ok(())
             }
-            RedisLockError::Service { op, code, message } => {
-                write!(f, "{op}: Redis answered an error: {code} {message}")
-            }
+            RedisLockError::Timeout {
+                op,
+                endpoint,
+                after,
+            } => write!(
+                f,
+                "{op} on {endpoint}: no answer within {after:?} (Redis is stopped, overloaded \
+                 or unreachable; the lease retries within its budget)"
+            ),
+            RedisLockError::Service {
+                op,
+                endpoint,
+                code,
+                message,
+            } => write!(
+                f,
+                "{op} on {endpoint}: Redis answered an error that may clear: {code} {message}"
+            ),
             RedisLockError::Protocol(e) => e.fmt(f),
             RedisLockError::InvalidRequest { op, reason } => write!(f, "{op}: not sent: {reason}"),
-            RedisLockError::Config(source) => write!(f, "unusable Redis settings: {source}"),
+            RedisLockError::Config { url, reason } => {
+                write!(f, "unusable Redis URL `{url}`: {reason}")
+            }
         }
     }
 }
 
-impl std::error::Error for RedisLockError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            RedisLockError::Transport { source, .. } | RedisLockError::Config(source) => {
-                Some(source)
-            }
-            RedisLockError::Protocol(e) => Some(e),
-            _ => None,
-        }
-    }
-}
+/// Every message carries its cause (see the module docs): no `source()`.
+impl std::error::Error for RedisLockError {}
 
 impl From<ProtocolError> for RedisLockError {
     fn from(e: ProtocolError) -> Self {
         RedisLockError::Protocol(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    const AT: &str = "127.0.0.1:6379";
+
+    fn server_error(reply: &str) -> RedisError {
+        let mut parser = redis::Parser::new();
+        match parser.parse_value(reply.as_bytes()) {
+            Ok(Value::ServerError(e)) => e.into(),
+            other => panic!("not an error reply: {other:?}"),
+        }
+    }
+
+    fn text(op: Op, err: RedisError) -> (RedisLockError, String) {
+        let e = RedisLockError::from_redis(op, AT, err);
+        let shown = e.to_string();
+        (e, shown)
+    }
+
+    #[test]
+    fn a_wrong_password_names_the_address_and_the_remedy_never_an_empty_err() {
+        let handshake = RedisError::from((
+            ErrorKind::AuthenticationFailed,
+            "Password authentication failed",
+        ));
+        let (e, shown) = text(Op::Connect, handshake);
+        assert_eq!(e.refusal(), Some(Refusal::Unauthorized));
+        assert!(
+            shown.starts_with(
+                "connect on 127.0.0.1:6379: authentication failed: check the password"
+            ),
+            "{shown}"
+        );
+        assert!(!shown.contains("ERR "), "{shown}");
+        assert!(e.source().is_none());
+
+        let (e, shown) = text(
+            Op::Renew,
+            server_error("-WRONGPASS invalid username-password pair or user is disabled.\r\n"),
+        );
+        assert_eq!(e.refusal(), Some(Refusal::Unauthorized));
+        assert!(
+            shown.contains("authentication failed: check the password"),
+            "{shown}"
+        );
+        assert_eq!(
+            shown.matches("invalid username-password pair").count(),
+            1,
+            "{shown}"
+        );
+
+        let (_, shown) = text(
+            Op::Connect,
+            server_error("-NOAUTH Authentication required.\r\n"),
+        );
+        assert!(shown.contains("redis://:PASSWORD@host:port"), "{shown}");
+        let (e, shown) = text(
+            Op::Acquire,
+            server_error("-NOPERM User app has no permissions to run the 'evalsha' command\r\n"),
+        );
+        assert_eq!(e.refusal(), Some(Refusal::Unauthorized));
+        assert!(
+            shown.contains("permission denied") && shown.contains("ACL"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn wrongtype_and_foreign_values_are_wrong_type_refusals() {
+        let (e, shown) = text(
+            Op::Acquire,
+            server_error("-WRONGTYPE Operation against a key holding the wrong kind of value\r\n"),
+        );
+        assert_eq!(e.refusal(), Some(Refusal::WrongType));
+        assert_eq!(e.indeterminate(), None);
+        assert!(shown.contains("acquire on 127.0.0.1:6379"), "{shown}");
+        assert!(shown.contains("pick another key"), "{shown}");
+        let (e, shown) = text(
+            Op::Holder,
+            server_error("-LEASEHOLD the lock key holds a value leasehold did not write\r\n"),
+        );
+        assert_eq!(e.refusal(), Some(Refusal::WrongType));
+        assert_eq!(
+            shown.matches("did not write").count(),
+            2,
+            "what + Redis's words: {shown}"
+        );
+        let (e, _) = text(
+            Op::Acquire,
+            server_error("-LEASEHOLD_EXHAUSTED the fence counter is at 2^63-1\r\n"),
+        );
+        assert_eq!(e.refusal(), Some(Refusal::Unsupported));
+    }
+
+    #[test]
+    fn transient_errors_are_indeterminate() {
+        for reply in [
+            "-LOADING Redis is loading the dataset in memory\r\n",
+            "-READONLY You can't write against a read only replica.\r\n",
+            "-BUSY Redis is busy running a script.\r\n",
+            "-OOM command not allowed when used memory > 'maxmemory'.\r\n",
+        ] {
+            let (e, shown) = text(Op::Renew, server_error(reply));
+            assert_eq!(e.refusal(), None, "{reply}");
+            assert_eq!(e.indeterminate(), Some(Indeterminate::Service), "{reply}");
+            assert!(shown.starts_with("renew on 127.0.0.1:6379: "), "{shown}");
+        }
+    }
+
+    #[test]
+    fn a_refused_connection_names_the_address_once() {
+        let io = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let (e, shown) = text(Op::Connect, io.into());
+        assert_eq!(e.indeterminate(), Some(Indeterminate::Transport));
+        assert!(shown.contains("127.0.0.1:6379"), "{shown}");
+        assert!(shown.contains("is redis-server running"), "{shown}");
+        assert_eq!(
+            shown.to_lowercase().matches("refused").count(),
+            1,
+            "{shown}"
+        );
+        assert!(e.source().is_none(), "the cause is in the message, once");
+    }
+
+    #[test]
+    fn invalid_keys_say_which_rule_and_what_to_do() {
+        let e = RedisLockError::InvalidKey {
+            op: Op::Acquire,
+            key: "a{b}".into(),
+            error: KeyError::Brace { at: 1 },
+        };
+        assert_eq!(e.refusal(), Some(Refusal::InvalidKey));
+        assert_eq!(
+            e.to_string(),
+            "acquire \"a{b}\": invalid key: a brace at byte 1 (braces are reserved for hash \
+             tags); use 1 to 256 bytes without braces or control characters"
+        );
+    }
+
+    #[test]
+    fn timeouts_and_protocol_errors_say_where_and_why() {
+        let e = RedisLockError::Timeout {
+            op: Op::Renew,
+            endpoint: AT.into(),
+            after: std::time::Duration::from_millis(250),
+        };
+        assert_eq!(e.indeterminate(), Some(Indeterminate::Timeout));
+        assert!(e
+            .to_string()
+            .starts_with("renew on 127.0.0.1:6379: no answer within 250ms"));
+        let p = ProtocolError::new(Op::Acquire, "an array", &Value::Okay);
+        assert!(
+            p.to_string().contains("expected an array, Redis answered"),
+            "{p}"
+        );
+        let long = ProtocolError::new(Op::Acquire, "x", &Value::BulkString(vec![b'a'; 1_000]));
+        assert!(long.found.len() <= 203, "{}", long.found.len());
     }
 }

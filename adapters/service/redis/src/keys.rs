@@ -1,7 +1,10 @@
 //! Key names: `{name}` and `{name}:fence`, one hash tag, one cluster slot.
 
-/// The two Redis keys of lock `name`: the lock itself, `{name}`, holding the owner
-/// token with a TTL, and its fence counter, `{name}:fence`, without a TTL.
+use leasehold::KeyError;
+
+/// The two Redis keys of lock `name`: the lock itself, `{name}`, holding
+/// `<owner token>\n<fence>\n<identity>` with a TTL, and its fence counter,
+/// `{name}:fence`, without a TTL.
 ///
 /// Both keys carry the hash tag `{name}`, so Redis Cluster puts them in the same
 /// slot and one script can touch both.
@@ -14,27 +17,19 @@
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Keys {
-    /// `{name}`: holds the owner token, expires with the lease.
+    /// `{name}`: holds the grant, expires with the lease.
     pub lock: String,
     /// `{name}:fence`: the fence counter, never expires.
     pub fence: String,
 }
 
 impl Keys {
-    /// The keys of lock `name`.
-    ///
-    /// `name` must be non-empty and free of `{` and `}`: an empty tag or a brace
-    /// inside it would change which part of the key Redis Cluster hashes, and the
-    /// two keys could land in different slots.
-    pub fn new(name: &str) -> Result<Keys, &'static str> {
-        if name.is_empty() {
-            return Err("the lock name must not be empty");
-        }
-        if name.contains(['{', '}']) {
-            return Err(
-                "the lock name must not contain '{' or '}' (it becomes the cluster hash tag)",
-            );
-        }
+    /// The keys of lock `name`, if `name` follows the key rules
+    /// ([`leasehold::check_key`]): 1 to 256 bytes, no control characters, no braces
+    /// (a brace would move the hash tag, and the two keys could land in different
+    /// slots).
+    pub fn new(name: &str) -> Result<Keys, KeyError> {
+        leasehold::check_key(name)?;
         Ok(Keys {
             lock: format!("{{{name}}}"),
             fence: format!("{{{name}}}:fence"),

@@ -5,20 +5,23 @@
 //! # Features
 #![doc = document_features::document_features!()]
 
+mod connect;
 mod error;
 mod keys;
+mod lock_service;
 mod scripts;
 mod service;
 
+pub use connect::Builder;
 pub use error::{Op, ProtocolError, RedisLockError};
 pub use keys::Keys;
-pub use service::{Acquired, Builder, RedisLockService, Released, Renewed};
+pub use service::{Acquired, RedisLockService, Released, Renewed};
 
 /// The Lua scripts exactly as they are loaded into Redis (for audits, for
 /// `redis-benchmark`, or to `SCRIPT LOAD` them by hand). Each documents its keys,
 /// arguments and answers.
 pub mod lua {
-    pub use crate::scripts::{ACQUIRE, RAISE_FENCE, RELEASE, RENEW};
+    pub use crate::scripts::{ACQUIRE, HOLDER, RAISE_FENCE, RELEASE, RENEW};
 }
 
 /// A random 128-bit owner identity from the operating system's RNG.

@@ -1,86 +1,134 @@
 //! The Lua scripts, and the parsing of what they answer.
 //!
+//! The lock key `{name}` holds `<token>\n<fence>\n<identity>`: the owner token (ASCII),
+//! the grant's fence (decimal, no leading zeros) and the holder's identity (printable
+//! text, possibly empty). One `GET` of the lock key therefore tells a script who holds
+//! the key, with which fence and as whom, so renew and release never read the fence
+//! counter `{name}:fence`.
+//!
 //! Every script validates everything it reads *before* it writes anything: a Redis
 //! script that fails halfway keeps the writes it already made, so a garbage fence
-//! counter must be refused before the lock key is set, never after.
+//! counter must be refused before the lock key is set, never after. A value in the
+//! lock key that is not in the format above (written by another program) makes
+//! acquire and holder fail with a `LEASEHOLD` error reply, and makes renew and release
+//! answer "not the owner"; a lock key that is not a string makes Redis itself answer
+//! `WRONGTYPE`.
 
-use leasehold::{Duration, Fence};
+use leasehold::{Duration, Fence, Holder, Identity};
 use redis::Value;
 
 use crate::error::{Op, ProtocolError};
 
-/// `KEYS[1]` lock key, `KEYS[2]` fence counter; `ARGV[1]` owner token, `ARGV[2]` TTL in ms.
+/// The Lua pattern of a lock value: captures token, fence and identity. A macro, so
+/// that the one pattern is spliced into each script's source at compile time.
+macro_rules! lock_value_pattern {
+    () => {
+        r"'^([^\n]+)\n([1-9]%d*)\n([^\n]*)$'"
+    };
+}
+
+/// `KEYS[1]` lock key, `KEYS[2]` fence counter; `ARGV[1]` owner token, `ARGV[2]` TTL in
+/// ms, `ARGV[3]` the holder's identity.
 ///
-/// Answers `{1, fence, pttl}` for a new grant, `{2, fence, pttl}` when the token
-/// already held the key (an earlier attempt whose answer was lost: re-granted with
-/// its existing fence and a fresh TTL), `{0, pttl}` when someone else holds it.
-/// The fence is returned as the counter's string (exact beyond Lua's 2^53).
-pub const ACQUIRE: &str = r"
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then
-  local fence = redis.call('GET', KEYS[2])
-  if not fence or not string.match(fence, '^0*[1-9]%d*$') then
-    return redis.error_reply('LEASEHOLD fence counter is missing or not a positive integer while the key is held')
+/// Answers `{1, fence}` for a new grant (`INCR` of the counter, then `SET` of the lock
+/// key with `PX`), `{2, fence}` when the token already held the key (an earlier
+/// attempt whose answer was lost: same fence, expiry reset with `PEXPIRE`), and
+/// `{0, fence, identity, pttl}` when another token holds it. Fences travel as decimal
+/// strings, exact beyond Lua's 2^53. Errors: `LEASEHOLD` (the lock key or the counter
+/// holds a value leasehold did not write), `LEASEHOLD_EXHAUSTED` (the counter is at
+/// 2^63 - 1, where `INCR` stops).
+pub const ACQUIRE: &str = concat!(
+    r"
+local value = redis.call('GET', KEYS[1])
+if value then
+  local token, fence, identity = string.match(value, ",
+    lock_value_pattern!(),
+    r")
+  if not token then
+    return redis.error_reply('LEASEHOLD the lock key holds a value leasehold did not write')
   end
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {2, fence, redis.call('PTTL', KEYS[1])}
+  if token == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {2, fence}
+  end
+  return {0, fence, identity, redis.call('PTTL', KEYS[1])}
 end
-if holder then
-  return {0, redis.call('PTTL', KEYS[1])}
-end
-local current = redis.call('GET', KEYS[2])
-if current and not string.match(current, '^%d+$') then
-  return redis.error_reply('LEASEHOLD fence counter is not a non-negative integer')
+local counter = redis.call('GET', KEYS[2])
+if counter then
+  if counter ~= '0' and not string.match(counter, '^[1-9]%d*$') then
+    return redis.error_reply('LEASEHOLD the fence counter is not a non-negative integer')
+  end
+  local len = string.len(counter)
+  if len > 19 or (len == 19 and counter >= '9223372036854775807') then
+    return redis.error_reply('LEASEHOLD_EXHAUSTED the fence counter is at 2^63-1, the most INCR can reach')
+  end
 end
 redis.call('INCR', KEYS[2])
 local fence = redis.call('GET', KEYS[2])
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {1, fence, redis.call('PTTL', KEYS[1])}
-";
+redis.call('SET', KEYS[1], ARGV[1] .. '\n' .. fence .. '\n' .. ARGV[3], 'PX', ARGV[2])
+return {1, fence}
+"
+);
 
-/// `KEYS[1]` lock key, `KEYS[2]` fence counter; `ARGV[1]` owner token, `ARGV[2]` TTL
-/// in ms, `ARGV[3]` the holder's fence in decimal.
+/// `KEYS[1]` lock key; `ARGV[1]` `<token>\n<fence>\n` (the start of the value of the
+/// grant being renewed), `ARGV[2]` TTL in ms.
 ///
-/// Answers `{1, pttl}` when extended, `{0}` when the token does not hold the key *with
-/// that fence*. The counter is bumped only by grants of this key, so while the token's
-/// own grant stands it still reads the holder's fence; any other value means a newer
-/// grant (possibly to the same token: a late duplicate acquire after the key was
-/// deleted) or an operator's `raise_fence`, and the old grant must not be extended.
+/// Answers 1 after `PEXPIRE` when the lock key's value starts with `ARGV[1]` (this
+/// token, this fence), 0 otherwise: expired, deleted, taken, overwritten, or a newer
+/// grant to the same token (a late duplicate acquire after the key was deleted
+/// re-creates it with a new fence). Never creates the key.
 pub const RENEW: &str = r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return {0}
+local value = redis.call('GET', KEYS[1])
+if value and string.sub(value, 1, string.len(ARGV[1])) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
 end
-local fence = redis.call('GET', KEYS[2])
-if not fence or (string.gsub(fence, '^0+', '')) ~= ARGV[3] then
-  return {0}
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return {1, redis.call('PTTL', KEYS[1])}
+return 0
 ";
 
-/// `KEYS[1]` lock key; `ARGV[1]` owner token. Answers 1 when deleted, 0 otherwise.
+/// `KEYS[1]` lock key; `ARGV[1]` `<token>\n`. Answers 1 after `DEL` when the lock key
+/// is held by that token (whatever the fence), 0 otherwise.
 pub const RELEASE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local value = redis.call('GET', KEYS[1])
+if value and string.sub(value, 1, string.len(ARGV[1])) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   return 1
 end
 return 0
 ";
 
-/// `KEYS[1]` fence counter; `ARGV[1]` a decimal minimum. Raises the counter to at
-/// least the minimum and answers the counter (as a string). Compares as decimal
-/// strings, so it stays exact past 2^53.
-pub const RAISE_FENCE: &str = r"
-local function norm(s) local t = string.gsub(s, '^0+', '') if t == '' then return '0' end return t end
-local current = redis.call('GET', KEYS[1])
-if current and not string.match(current, '^%d+$') then
-  return redis.error_reply('LEASEHOLD fence counter is not a non-negative integer')
+/// `KEYS[1]` lock key. Answers `{0}` when free, `{1, fence, identity, pttl}` when
+/// held. Writes nothing. Error `LEASEHOLD` when the key holds a value leasehold did
+/// not write.
+pub const HOLDER: &str = concat!(
+    r"
+local value = redis.call('GET', KEYS[1])
+if not value then
+  return {0}
 end
-local want = norm(ARGV[1])
+local token, fence, identity = string.match(value, ",
+    lock_value_pattern!(),
+    r")
+if not token then
+  return redis.error_reply('LEASEHOLD the lock key holds a value leasehold did not write')
+end
+return {1, fence, identity, redis.call('PTTL', KEYS[1])}
+"
+);
+
+/// `KEYS[1]` fence counter; `ARGV[1]` a decimal minimum (no leading zeros). Raises the
+/// counter to at least the minimum and answers the counter (as a string). Compares
+/// as decimal strings, so it stays exact past 2^53. It never touches the lock key: a
+/// grant that is held keeps its fence; the *next* grant's fence is above the counter.
+pub const RAISE_FENCE: &str = r"
+local current = redis.call('GET', KEYS[1])
+if current and current ~= '0' and not string.match(current, '^[1-9]%d*$') then
+  return redis.error_reply('LEASEHOLD the fence counter is not a non-negative integer')
+end
+local want = ARGV[1]
 if current then
-  local have = norm(current)
-  if string.len(have) > string.len(want) or (string.len(have) == string.len(want) and have >= want) then
-    return have
+  if string.len(current) > string.len(want) or (string.len(current) == string.len(want) and current >= want) then
+    return current
   end
 end
 redis.call('SET', KEYS[1], want)
@@ -90,77 +138,90 @@ return want
 /// What the acquire script answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
-    Granted {
-        fence: Fence,
-        ttl: Duration,
-        regranted: bool,
-    },
-    HeldByAnother {
-        remaining: Option<Duration>,
-    },
+    Granted { fence: Fence, regranted: bool },
+    HeldByAnother(Holder),
 }
 
 pub(crate) fn parse_acquire(value: &Value) -> Result<AcquireReply, ProtocolError> {
     let op = Op::Acquire;
     let items = array(op, value)?;
-    match (items.first().map(|v| int(op, v)).transpose()?, items.len()) {
-        (Some(tag @ (1 | 2)), 3) => {
-            let fence = fence(op, &items[1])?;
-            let ttl = pttl(op, &items[2])?;
-            Ok(AcquireReply::Granted {
-                fence,
-                ttl,
-                regranted: tag == 2,
-            })
-        }
-        (Some(0), 2) => {
-            // -1 (no expiry: somebody set the key by hand) is still "held by another".
-            let remaining = int(op, &items[1])?;
-            Ok(AcquireReply::HeldByAnother {
-                remaining: u64::try_from(remaining).ok().map(Duration::from_millis),
-            })
+    match (items.first().map(|v| int(op, v)).transpose()?, items) {
+        (Some(tag @ (1 | 2)), [_, fence_value]) => Ok(AcquireReply::Granted {
+            fence: fence(op, fence_value)?,
+            regranted: tag == 2,
+        }),
+        (Some(0), [_, rest @ ..]) if rest.len() == 3 => {
+            Ok(AcquireReply::HeldByAnother(holder(op, rest)?))
         }
         _ => Err(ProtocolError::new(
             op,
-            "an array [0|1|2, ...] of 2 or 3 items",
+            "[1|2, fence] or [0, fence, identity, pttl]",
             value,
         )),
     }
 }
 
-pub(crate) fn parse_renew(value: &Value) -> Result<Option<Duration>, ProtocolError> {
-    let op = Op::Renew;
+pub(crate) fn parse_holder(value: &Value) -> Result<Option<Holder>, ProtocolError> {
+    let op = Op::Holder;
     let items = array(op, value)?;
-    match (items.first().map(|v| int(op, v)).transpose()?, items.len()) {
-        (Some(1), 2) => Ok(Some(pttl(op, &items[1])?)),
-        (Some(0), 1) => Ok(None),
-        _ => Err(ProtocolError::new(op, "[1, pttl] or [0]", value)),
+    match (items.first().map(|v| int(op, v)).transpose()?, items) {
+        (Some(0), [_]) => Ok(None),
+        (Some(1), [_, rest @ ..]) if rest.len() == 3 => Ok(Some(holder(op, rest)?)),
+        _ => Err(ProtocolError::new(
+            op,
+            "[0] or [1, fence, identity, pttl]",
+            value,
+        )),
     }
 }
 
-pub(crate) fn parse_release(value: &Value) -> Result<bool, ProtocolError> {
+/// The answer of renew and release: 1 (done) or 0 (not the owner).
+pub(crate) fn parse_flag(op: Op, value: &Value) -> Result<bool, ProtocolError> {
     match value {
         Value::Int(1) => Ok(true),
         Value::Int(0) => Ok(false),
-        _ => Err(ProtocolError::new(Op::Release, "the integer 0 or 1", value)),
+        _ => Err(ProtocolError::new(op, "the integer 0 or 1", value)),
     }
 }
 
 pub(crate) fn parse_raise_fence(value: &Value) -> Result<Fence, ProtocolError> {
     let op = Op::RaiseFence;
-    match value {
-        Value::BulkString(_) | Value::SimpleString(_) => {
-            let raw = text(value).unwrap_or_default();
-            raw.parse::<u64>()
-                .map(Fence)
-                .map_err(|_| ProtocolError::new(op, "a fence counter that fits in u64", value))
-        }
-        _ => Err(ProtocolError::new(
+    text(value)
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(Fence)
+        .ok_or_else(|| ProtocolError::new(op, "the fence counter as a decimal string", value))
+}
+
+/// `[fence, identity, pttl]` of a held key.
+fn holder(op: Op, items: &[Value]) -> Result<Holder, ProtocolError> {
+    let [fence_value, identity_value, pttl_value] = items else {
+        return Err(ProtocolError::new(
             op,
-            "the fence counter as a string",
-            value,
-        )),
-    }
+            "fence, identity, pttl",
+            &Value::Array(items.to_vec()),
+        ));
+    };
+    let identity = match identity_value {
+        Value::BulkString(bytes) => Identity::lossy(&String::from_utf8_lossy(bytes)),
+        other => return Err(ProtocolError::new(op, "the identity as a string", other)),
+    };
+    let remaining = match int(op, pttl_value)? {
+        // No expiry (someone ran PERSIST on it): held until deleted.
+        -1 => Duration::MAX,
+        ms if ms >= 0 => Duration::from_millis(ms.unsigned_abs()),
+        _ => {
+            return Err(ProtocolError::new(
+                op,
+                "a remaining TTL in ms (or -1)",
+                pttl_value,
+            ))
+        }
+    };
+    Ok(Holder {
+        identity,
+        fence: fence(op, fence_value)?,
+        remaining,
+    })
 }
 
 fn array(op: Op, value: &Value) -> Result<&[Value], ProtocolError> {
@@ -197,18 +258,6 @@ fn fence(op: Op, value: &Value) -> Result<Fence, ProtocolError> {
     }
 }
 
-/// A granted TTL: a positive number of milliseconds.
-fn pttl(op: Op, value: &Value) -> Result<Duration, ProtocolError> {
-    match value {
-        Value::Int(ms) if *ms > 0 => Ok(Duration::from_millis(ms.unsigned_abs())),
-        _ => Err(ProtocolError::new(
-            op,
-            "a positive TTL in milliseconds",
-            value,
-        )),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,33 +268,36 @@ mod tests {
 
     #[test]
     fn acquire_replies() {
-        let granted = Value::Array(vec![Value::Int(1), bulk("7"), Value::Int(300)]);
+        let granted = Value::Array(vec![Value::Int(1), bulk("7")]);
         assert_eq!(
             parse_acquire(&granted),
             Ok(AcquireReply::Granted {
                 fence: Fence(7),
-                ttl: Duration::from_millis(300),
                 regranted: false
             })
         );
-        let held = Value::Array(vec![Value::Int(0), Value::Int(-1)]);
+        let held = Value::Array(vec![
+            Value::Int(0),
+            bulk("3"),
+            bulk("host-1"),
+            Value::Int(-1),
+        ]);
         assert_eq!(
             parse_acquire(&held),
-            Ok(AcquireReply::HeldByAnother { remaining: None })
+            Ok(AcquireReply::HeldByAnother(Holder {
+                identity: Identity::new("host-1").unwrap(),
+                fence: Fence(3),
+                remaining: Duration::MAX,
+            }))
         );
-        let huge = Value::Array(vec![
-            Value::Int(2),
-            bulk("18446744073709551615"),
-            Value::Int(1),
-        ]);
-        assert!(matches!(
+        let huge = Value::Array(vec![Value::Int(2), bulk("18446744073709551615")]);
+        assert_eq!(
             parse_acquire(&huge),
             Ok(AcquireReply::Granted {
                 fence: Fence(u64::MAX),
-                regranted: true,
-                ..
+                regranted: true
             })
-        ));
+        );
     }
 
     #[test]
@@ -255,48 +307,69 @@ mod tests {
             Value::Nil,
             Value::Int(1),
             Value::Array(vec![]),
-            Value::Array(vec![Value::Int(1), bulk("0"), Value::Int(300)]),
-            Value::Array(vec![Value::Int(1), bulk("-3"), Value::Int(300)]),
-            Value::Array(vec![Value::Int(1), bulk("x"), Value::Int(300)]),
-            Value::Array(vec![
-                Value::Int(1),
-                bulk("18446744073709551616"),
-                Value::Int(1),
-            ]),
-            Value::Array(vec![Value::Int(1), bulk("5"), Value::Int(-2)]),
-            Value::Array(vec![Value::Int(1), bulk("5"), Value::Int(0)]),
-            Value::Array(vec![Value::Int(1), bulk("5")]),
-            Value::Array(vec![Value::Int(3), bulk("5"), Value::Int(10)]),
-            Value::Array(vec![bulk("1"), bulk("5"), Value::Int(10)]),
+            Value::Array(vec![Value::Int(1), bulk("0")]),
+            Value::Array(vec![Value::Int(1), bulk("-3")]),
+            Value::Array(vec![Value::Int(1), bulk("x")]),
+            Value::Array(vec![Value::Int(1), bulk("18446744073709551616")]),
+            Value::Array(vec![Value::Int(1), bulk("5"), Value::Int(300)]),
+            Value::Array(vec![Value::Int(1)]),
+            Value::Array(vec![Value::Int(3), bulk("5")]),
+            Value::Array(vec![bulk("1"), bulk("5")]),
             Value::Array(vec![Value::Int(0)]),
+            Value::Array(vec![Value::Int(0), bulk("5"), bulk("id"), Value::Int(-2)]),
+            Value::Array(vec![
+                Value::Int(0),
+                bulk("5"),
+                Value::Int(1),
+                Value::Int(10),
+            ]),
             Value::Double(1.0),
         ];
         for value in garbage {
             let err = parse_acquire(&value).unwrap_err();
-            assert_eq!(err.op, Op::Acquire);
+            assert_eq!(err.op, Op::Acquire, "{value:?}");
         }
     }
 
     #[test]
-    fn renew_and_release_replies() {
+    fn holder_replies() {
+        assert_eq!(parse_holder(&Value::Array(vec![Value::Int(0)])), Ok(None));
+        let held = Value::Array(vec![Value::Int(1), bulk("9"), bulk(""), Value::Int(250)]);
         assert_eq!(
-            parse_renew(&Value::Array(vec![Value::Int(1), Value::Int(250)])),
-            Ok(Some(Duration::from_millis(250)))
+            parse_holder(&held),
+            Ok(Some(Holder {
+                identity: Identity::EMPTY,
+                fence: Fence(9),
+                remaining: Duration::from_millis(250),
+            }))
         );
-        assert_eq!(parse_renew(&Value::Array(vec![Value::Int(0)])), Ok(None));
         for garbage in [
             Value::Int(0),
-            Value::Int(1),
+            Value::Array(vec![Value::Int(1)]),
+            Value::Array(vec![Value::Int(0), bulk("9")]),
+            Value::Array(vec![Value::Int(1), bulk("0"), bulk(""), Value::Int(1)]),
+        ] {
+            assert!(parse_holder(&garbage).is_err(), "{garbage:?}");
+        }
+    }
+
+    #[test]
+    fn flag_replies() {
+        assert_eq!(parse_flag(Op::Renew, &Value::Int(1)), Ok(true));
+        assert_eq!(parse_flag(Op::Release, &Value::Int(0)), Ok(false));
+        for garbage in [
+            Value::Int(2),
             Value::Okay,
             Value::Array(vec![Value::Int(1)]),
-            Value::Array(vec![Value::Int(1), Value::Int(0)]),
-            Value::Array(vec![Value::Int(0), Value::Int(10)]),
         ] {
-            assert!(parse_renew(&garbage).is_err(), "{garbage:?}");
+            assert!(parse_flag(Op::Renew, &garbage).is_err(), "{garbage:?}");
         }
-        assert_eq!(parse_release(&Value::Int(1)), Ok(true));
-        assert_eq!(parse_release(&Value::Int(0)), Ok(false));
-        assert!(parse_release(&Value::Int(2)).is_err());
-        assert!(parse_release(&Value::Okay).is_err());
+    }
+
+    #[test]
+    fn the_value_pattern_is_spliced_into_both_scripts() {
+        for script in [ACQUIRE, HOLDER] {
+            assert!(script.contains(lock_value_pattern!()), "{script}");
+        }
     }
 }

@@ -1,0 +1,239 @@
+//! Settings and connecting: URL checks that say what is wrong, the connection
+//! manager, and loading the scripts.
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use crate::error::{Op, RedisLockError};
+use crate::service::RedisLockService;
+
+/// Settings for [`RedisLockService::builder`].
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct Builder {
+    url: String,
+    request_timeout: Option<std::time::Duration>,
+    connect_timeout: std::time::Duration,
+    reconnect_min_delay: std::time::Duration,
+    reconnect_max_delay: std::time::Duration,
+    reconnect_retries: usize,
+    #[cfg(feature = "tls")]
+    tls_root_cert: Option<Vec<u8>>,
+}
+
+impl RedisLockService {
+    /// Settings for a service at `url`:
+    /// `redis://[[user]:password@]host[:port][/db]`, or `rediss://…` for TLS (needs
+    /// the `tls` feature). A password is sent with `AUTH` on every (re)connection.
+    pub fn builder(url: impl Into<String>) -> Builder {
+        Builder {
+            url: url.into(),
+            request_timeout: Some(std::time::Duration::from_secs(1)),
+            connect_timeout: std::time::Duration::from_millis(500),
+            reconnect_min_delay: std::time::Duration::from_millis(10),
+            reconnect_max_delay: std::time::Duration::from_millis(200),
+            reconnect_retries: 3,
+            #[cfg(feature = "tls")]
+            tls_root_cert: None,
+        }
+    }
+
+    /// Connects to `url` with the default settings (see [`builder`](Self::builder)).
+    pub async fn connect(url: &str) -> Result<RedisLockService, RedisLockError> {
+        RedisLockService::builder(url).connect().await
+    }
+}
+
+impl Builder {
+    /// Trusts this PEM root certificate for `rediss://` instead of the system's
+    /// roots (a private CA). Needs the `tls` feature.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root_cert = Some(pem.into());
+        self
+    }
+
+    /// Bound on each typed call, including the wait for a reconnection (default 1 s);
+    /// `None` for no bound. The lease's driver bounds requests with its own
+    /// `request_timeout` anyway.
+    pub fn request_timeout(mut self, timeout: Option<std::time::Duration>) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Bound on each TCP (and TLS) connection attempt (default 500 ms).
+    pub fn connect_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Reconnection backoff after a broken connection: from `min` doubling up to
+    /// `max`, `retries` attempts per broken connection (defaults 10 ms, 200 ms, 3).
+    /// Requests made while it reconnects wait for it (bounded by their timeout); when
+    /// every attempt failed they fail with a `Transport` error.
+    pub fn reconnect_backoff(
+        mut self,
+        min: std::time::Duration,
+        max: std::time::Duration,
+        retries: usize,
+    ) -> Self {
+        self.reconnect_min_delay = min;
+        self.reconnect_max_delay = max;
+        self.reconnect_retries = retries;
+        self
+    }
+
+    /// Connects, then loads the scripts.
+    ///
+    /// Fails with [`RedisLockError::Config`] for a URL that cannot be used (saying
+    /// what is wrong with it), with [`RedisLockError::Refused`] when Redis refuses the
+    /// credentials (`authentication failed: check the password`), and with a
+    /// transport error naming `host:port` when Redis cannot be reached.
+    pub async fn connect(self) -> Result<RedisLockService, RedisLockError> {
+        let redacted = check_url(&self.url)?;
+        let config_error = |e: redis::RedisError| RedisLockError::Config {
+            url: redacted.clone(),
+            reason: e.detail().map_or_else(|| e.to_string(), str::to_owned),
+        };
+        #[cfg(feature = "tls")]
+        {
+            // rustls needs a process-wide crypto provider; install ring's unless the
+            // application already chose one.
+            if rustls::crypto::CryptoProvider::get_default().is_none() {
+                let _ = rustls::crypto::ring::default_provider().install_default();
+            }
+        }
+        #[cfg(feature = "tls")]
+        let client = match &self.tls_root_cert {
+            Some(pem) => redis::Client::build_with_tls(
+                self.url.as_str(),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem.clone()),
+                },
+            ),
+            None => redis::Client::open(self.url.as_str()),
+        }
+        .map_err(config_error)?;
+        #[cfg(not(feature = "tls"))]
+        let client = redis::Client::open(self.url.as_str()).map_err(config_error)?;
+        let endpoint = client.get_connection_info().addr().to_string();
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(None)
+            .set_min_delay(self.reconnect_min_delay)
+            .set_max_delay(self.reconnect_max_delay)
+            .set_number_of_retries(self.reconnect_retries);
+        let conn = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(|e| RedisLockError::from_redis(Op::Connect, &endpoint, e))?;
+        RedisLockService::from_connection_at(conn, &endpoint)
+            .await
+            .map(|s| s.with_request_timeout(self.request_timeout))
+    }
+}
+
+/// Checks what the client would only report as "invalid client config", and returns
+/// the URL with its password replaced by `***` (for messages).
+pub(crate) fn check_url(raw: &str) -> Result<String, RedisLockError> {
+    let bad = |url: String, reason: String| RedisLockError::Config { url, reason };
+    const FORM: &str = "expected redis://[[user]:password@]host[:port][/db] or rediss://… for TLS";
+    let mut url = match url::Url::parse(raw) {
+        Ok(url) => url,
+        Err(e) => return Err(bad(redact_unparsed(raw), format!("{e}; {FORM}"))),
+    };
+    if url.password().is_some() {
+        let _ = url.set_password(Some("***"));
+    }
+    let redacted = url.to_string();
+    match url.scheme() {
+        "redis" => {}
+        "rediss" if cfg!(feature = "tls") => {}
+        "rediss" => {
+            return Err(bad(
+                redacted,
+                "TLS URLs need the crate feature `tls` of leasehold-redis".into(),
+            ))
+        }
+        "unix" | "redis+unix" => {}
+        other => return Err(bad(redacted, format!("the scheme is `{other}`; {FORM}"))),
+    }
+    if !url.scheme().contains("unix") && url.host_str().is_none_or(str::is_empty) {
+        return Err(bad(redacted, format!("no host; {FORM}")));
+    }
+    let db = url.path().trim_start_matches('/');
+    if !db.is_empty() && db.parse::<u32>().is_err() && !url.scheme().contains("unix") {
+        return Err(bad(
+            redacted,
+            format!("the database `/{db}` is not a number; {FORM}"),
+        ));
+    }
+    Ok(redacted)
+}
+
+/// A URL that does not parse, with whatever stands between `:` and `@` hidden.
+fn redact_unparsed(raw: &str) -> String {
+    match (raw.find("://"), raw.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let userinfo = &raw[scheme_end + 3..at];
+            match userinfo.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &raw[..scheme_end + 3],
+                    &userinfo[..colon],
+                    &raw[at..]
+                ),
+                None => raw.to_owned(),
+            }
+        }
+        _ => raw.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reason(url: &str) -> String {
+        match check_url(url) {
+            Err(e @ RedisLockError::Config { .. }) => e.to_string(),
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn good_urls_pass_with_the_password_hidden() {
+        assert_eq!(
+            check_url("redis://:s3cret@127.0.0.1:6379/0").unwrap(),
+            "redis://:***@127.0.0.1:6379/0"
+        );
+        assert!(check_url("redis://localhost").is_ok());
+        assert!(check_url("redis://user:pw@[::1]:7000/3").is_ok());
+    }
+
+    #[test]
+    fn bad_urls_say_what_is_wrong_with_them() {
+        let shown = reason("http://127.0.0.1:1");
+        assert!(shown.contains("the scheme is `http`"), "{shown}");
+        assert!(shown.contains("redis://"), "{shown}");
+        let shown = reason("redis://127.0.0.1:notaport");
+        assert!(shown.contains("invalid port number"), "{shown}");
+        let shown = reason("127.0.0.1:6379");
+        assert!(shown.contains("expected redis://"), "{shown}");
+        let shown = reason("redis://127.0.0.1:6379/zero");
+        assert!(
+            shown.contains("database `/zero` is not a number"),
+            "{shown}"
+        );
+        let shown = reason("redis://:hunter2@127.0.0.1:notaport");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(
+            shown.starts_with("unusable Redis URL `redis://:***@127.0.0.1:notaport`"),
+            "{shown}"
+        );
+        #[cfg(not(feature = "tls"))]
+        {
+            let shown = reason("rediss://127.0.0.1:1");
+            assert!(shown.contains("feature `tls`"), "{shown}");
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! The driver's view: the `LockService` impl, final refusals and unknown outcomes,
+//! each logged with `tracing`.
+
+use leasehold::{
+    AcquireOutcome, Duration, Fence, HolderOutcome, Identity, Indeterminate, OwnerToken, Refusal,
+    ReleaseOutcome, RenewOutcome,
+};
+use leasehold_driver::LockService;
+use redis::aio::ConnectionLike;
+
+use crate::error::RedisLockError;
+use crate::service::{Acquired, RedisLockService, Released, Renewed};
+
+/// Logs `err` and turns it into the outcome the lease sees: `refused` for a final
+/// refusal (logged as an error: a person has to act), `indeterminate` otherwise
+/// (a warning, or an error for a reply that does not parse).
+fn failure<T>(
+    key: &str,
+    err: &RedisLockError,
+    refused: fn(Refusal) -> T,
+    indeterminate: fn(Indeterminate) -> T,
+) -> T {
+    match (err.refusal(), err.indeterminate()) {
+        (Some(refusal), _) => {
+            tracing::error!(key, op = %err.op(), error = %err, "Redis refused the lock request");
+            refused(refusal)
+        }
+        (None, Some(why @ Indeterminate::Protocol)) => {
+            tracing::error!(key, op = %err.op(), error = %err, "Redis lock request failed");
+            indeterminate(why)
+        }
+        (None, why) => {
+            tracing::warn!(key, op = %err.op(), error = %err, "Redis lock request failed");
+            indeterminate(why.unwrap_or(Indeterminate::Protocol))
+        }
+    }
+}
+
+impl<C> LockService for RedisLockService<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn acquire(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        identity: &Identity,
+        ttl: Duration,
+    ) -> AcquireOutcome {
+        match self.try_acquire(key, token, identity, ttl).await {
+            Ok(Acquired::Granted { fence, ttl, .. }) => {
+                tracing::debug!(key, %token, %fence, ?ttl, "acquire: granted");
+                AcquireOutcome::Granted { fence, ttl }
+            }
+            Ok(Acquired::HeldByAnother(holder)) => {
+                tracing::debug!(key, %token, ?holder, "acquire: held by another");
+                AcquireOutcome::HeldByAnother(holder)
+            }
+            Err(e) => failure(
+                key,
+                &e,
+                AcquireOutcome::Refused,
+                AcquireOutcome::Indeterminate,
+            ),
+        }
+    }
+
+    async fn renew(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        fence: Fence,
+        ttl: Duration,
+    ) -> RenewOutcome {
+        match self.try_renew(key, token, fence, ttl).await {
+            Ok(Renewed::Renewed { ttl }) => RenewOutcome::Renewed { ttl },
+            Ok(Renewed::NotOwner) => {
+                tracing::info!(key, %token, %fence, "renew: not the owner any more");
+                RenewOutcome::NotOwner
+            }
+            Err(e) => failure(key, &e, RenewOutcome::Refused, RenewOutcome::Indeterminate),
+        }
+    }
+
+    async fn release(&self, key: &str, token: OwnerToken) -> ReleaseOutcome {
+        match self.try_release(key, token).await {
+            Ok(Released::Released) => {
+                tracing::debug!(key, %token, "release: deleted");
+                ReleaseOutcome::Released
+            }
+            Ok(Released::NotOwner) => {
+                tracing::debug!(key, %token, "release: not the owner");
+                ReleaseOutcome::NotOwner
+            }
+            Err(e) => failure(
+                key,
+                &e,
+                ReleaseOutcome::Refused,
+                ReleaseOutcome::Indeterminate,
+            ),
+        }
+    }
+
+    async fn holder(&self, key: &str) -> HolderOutcome {
+        match self.try_holder(key).await {
+            Ok(Some(holder)) => HolderOutcome::Held(holder),
+            Ok(None) => HolderOutcome::Free,
+            Err(e) => failure(
+                key,
+                &e,
+                HolderOutcome::Refused,
+                HolderOutcome::Indeterminate,
+            ),
+        }
+    }
+}
