@@ -253,11 +253,14 @@ impl RedisLockError {
         };
         if let Some(refusal) = refusal {
             // An AUTH refused during the handshake has no reply text in the client's
-            // error: name what happened.
-            let code = if code.is_empty() {
-                "WRONGPASS".to_owned()
+            // error (Redis answers `WRONGPASS` to it): name what happened.
+            let (code, message) = if code.is_empty() {
+                (
+                    "WRONGPASS".to_owned(),
+                    "(to the AUTH of the connection handshake)".to_owned(),
+                )
             } else {
-                code
+                (code, message)
             };
             return RedisLockError::Refused {
                 op,
@@ -320,14 +323,19 @@ impl fmt::Display for RedisLockError {
                         "and the user name, if the URL has one",
                     ),
                     (Refusal::WrongType, "LEASEHOLD") => (
-                        "the key holds a value leasehold did not write",
+                        "the lock's keys hold a value leasehold did not write",
                         "another program uses this key: pick another key, or delete it",
                     ),
                     (Refusal::WrongType, _) => (
                         "the key holds a Redis type other than a string",
                         "another program uses this key: pick another key, or delete it",
                     ),
-                    _ => ("refused", "see Redis's reply; retrying will not help"),
+                    (_, "LEASEHOLD_EXHAUSTED") => (
+                        "no fence is left for a new grant",
+                        "use another key; resetting the counter would let old fences \
+                         pass fenced storage",
+                    ),
+                    _ => ("refused", "retrying will not help"),
                 };
                 write!(
                     f,

@@ -1,16 +1,25 @@
-//! The scripts' semantics against a real `redis-server`: grant, re-grant, held,
-//! renew, not-owner, release, fences, NOSCRIPT reload, password, cluster slots,
-//! `Send` use from many tasks, and errors as `Indeterminate` + `tracing` logs.
+//! The scripts' semantics against a real `redis-server`: grant, re-grant, held (with
+//! the holder), renew (token and fence), not-owner, release, holder queries, fences,
+//! NOSCRIPT reload, cluster slots, `Send` use from many tasks, and errors as `tracing`
+//! logs. Bad input and broken servers are in `tests/refusals.rs`.
 
 mod support;
 
-use leasehold::{Fence, Owner, Term};
-use leasehold_redis::{Acquired, Keys, Op, RedisLockError, RedisLockService, Released, Renewed};
+use leasehold::{
+    AcquireOutcome, Duration, Fence, HolderOutcome, Identity, Owner, ReleaseOutcome, RenewOutcome,
+    Term,
+};
+use leasehold_driver::LockService;
+use leasehold_redis::{Acquired, Keys, Released, Renewed};
 use redis::AsyncCommands;
 use support::*;
 
 fn token(owner: u8, term: u32) -> leasehold::OwnerToken {
     Owner([owner; 16]).token(Term(term))
+}
+
+fn id(text: &str) -> Identity {
+    Identity::new(text).unwrap()
 }
 
 #[test]
@@ -21,36 +30,59 @@ fn acquire_regrant_held_renew_release_and_fences() {
         let mut raw = raw(&server.url()).await;
         let (a, b) = (token(0xa, 1), token(0xb, 1));
 
-        let first = service.try_acquire("k", a, ms(1_000)).await.unwrap();
-        let Acquired::Granted {
-            fence,
-            ttl,
-            regranted,
-        } = first
-        else {
-            panic!("{first:?}")
-        };
-        assert_eq!(fence, Fence(1));
-        assert!(ttl <= ms(1_000) && ttl >= ms(990), "{ttl:?}");
-        assert!(!regranted);
-        let stored: String = raw.get("{k}").await.unwrap();
+        let first = service
+            .try_acquire("k", a, &id("host-a:1"), ms(1_000))
+            .await
+            .unwrap();
         assert_eq!(
-            stored,
-            a.encode().as_str(),
-            "the value is the owner+term token"
+            first,
+            Acquired::Granted {
+                fence: Fence(1),
+                ttl: ms(1_000),
+                regranted: false
+            },
+            "the TTL applied, exactly, never a PTTL read back"
+        );
+        let stored: String = raw.get("{k}").await.unwrap();
+        assert_eq!(stored, format!("{}\n1\nhost-a:1", a.encode().as_str()));
+
+        // The same token again (its first answer was lost): same fence, expiry reset.
+        let again = service
+            .try_acquire("k", a, &id("host-a:1"), ms(2_000))
+            .await
+            .unwrap();
+        assert_eq!(
+            again,
+            Acquired::Granted {
+                fence: Fence(1),
+                ttl: ms(2_000),
+                regranted: true
+            }
+        );
+        let pttl: i64 = raw.pttl("{k}").await.unwrap();
+        assert!(
+            pttl > 1_000 && pttl <= 2_000,
+            "re-grant applied PEXPIRE: {pttl}"
         );
 
-        // The same token again (its first answer was lost): same fence, fresh TTL.
-        let again = service.try_acquire("k", a, ms(2_000)).await.unwrap();
+        // Another token: held, and the answer says by whom.
+        let busy = service
+            .try_acquire("k", b, &id("host-b"), ms(1_000))
+            .await
+            .unwrap();
+        let Acquired::HeldByAnother(holder) = busy else {
+            panic!("{busy:?}")
+        };
+        assert_eq!(holder.identity.as_str(), "host-a:1");
+        assert_eq!(holder.fence, Fence(1));
         assert!(
-            matches!(again, Acquired::Granted { fence: Fence(1), regranted: true, ttl } if ttl > ms(1_000)),
-            "{again:?}"
+            holder.remaining > ms(1_000) && holder.remaining <= ms(2_000),
+            "{holder:?}"
         );
-
-        let busy = service.try_acquire("k", b, ms(1_000)).await.unwrap();
+        let through_trait = LockService::acquire(&service, "k", b, &id("host-b"), ms(1_000)).await;
         assert!(
-            matches!(busy, Acquired::HeldByAnother { remaining: Some(r) } if r > ms(1_000)),
-            "{busy:?}"
+            matches!(through_trait, AcquireOutcome::HeldByAnother(h) if h.identity.as_str() == "host-a:1"),
+            "{through_trait:?}"
         );
 
         assert_eq!(
@@ -60,12 +92,22 @@ fn acquire_regrant_held_renew_release_and_fences() {
                 .unwrap(),
             Renewed::NotOwner
         );
-        assert!(matches!(
-            service.try_renew("k", a, Fence(1), ms(5_000)).await.unwrap(),
-            Renewed::Renewed { ttl } if ttl > ms(4_900)
-        ));
+        assert_eq!(
+            service
+                .try_renew("k", a, Fence(1), ms(5_000))
+                .await
+                .unwrap(),
+            Renewed::Renewed { ttl: ms(5_000) }
+        );
         let pttl: i64 = raw.pttl("{k}").await.unwrap();
         assert!(pttl > 4_900, "renew applied PEXPIRE: {pttl}");
+        // A renewal replaces the expiry, also with a shorter one.
+        assert_eq!(
+            LockService::renew(&service, "k", a, Fence(1), ms(3_000)).await,
+            RenewOutcome::Renewed { ttl: ms(3_000) }
+        );
+        let pttl: i64 = raw.pttl("{k}").await.unwrap();
+        assert!(pttl <= 3_000, "{pttl}");
 
         assert_eq!(
             service.try_release("k", b).await.unwrap(),
@@ -77,8 +119,8 @@ fn acquire_regrant_held_renew_release_and_fences() {
             Released::NotOwner
         );
         assert_eq!(
-            service.try_release("k", a).await.unwrap(),
-            Released::Released
+            LockService::release(&service, "k", a).await,
+            ReleaseOutcome::Released
         );
         let gone: Option<String> = raw.get("{k}").await.unwrap();
         assert_eq!(gone, None);
@@ -87,14 +129,20 @@ fn acquire_regrant_held_renew_release_and_fences() {
                 .try_renew("k", a, Fence(1), ms(1_000))
                 .await
                 .unwrap(),
-            Renewed::NotOwner
+            Renewed::NotOwner,
+            "renew never re-creates a deleted key"
         );
+        let gone: Option<String> = raw.get("{k}").await.unwrap();
+        assert_eq!(gone, None);
 
         // The counter survives the lock key: the next grant is newer.
         let counter: String = raw.get("{k}:fence").await.unwrap();
         assert_eq!(counter, "1");
         assert!(matches!(
-            service.try_acquire("k", b, ms(1_000)).await.unwrap(),
+            service
+                .try_acquire("k", b, &Identity::EMPTY, ms(1_000))
+                .await
+                .unwrap(),
             Acquired::Granted {
                 fence: Fence(2),
                 regranted: false,
@@ -105,68 +153,259 @@ fn acquire_regrant_held_renew_release_and_fences() {
 }
 
 #[test]
-fn raise_fence_seeds_the_counter_and_never_lowers_it() {
+fn a_renewal_with_the_right_token_and_another_fence_is_not_owner() {
     let server = RedisServer::start();
     run_local(async {
         let service = service(&server.url()).await;
+        let a = token(0xa, 1);
+        let who = id("a");
+        // Grant 1 to `a`; the key is deleted (released, expired); a late duplicate
+        // acquire by the same token re-creates it with fence 2.
+        service.try_acquire("f", a, &who, ms(1_000)).await.unwrap();
+        service.try_release("f", a).await.unwrap();
+        assert!(matches!(
+            service.try_acquire("f", a, &who, ms(1_000)).await.unwrap(),
+            Acquired::Granted {
+                fence: Fence(2),
+                regranted: false,
+                ..
+            }
+        ));
+        // The renewal of grant 1 must not extend grant 2.
+        assert_eq!(
+            LockService::renew(&service, "f", a, Fence(1), ms(1_000)).await,
+            RenewOutcome::NotOwner
+        );
+        assert_eq!(
+            service
+                .try_renew("f", a, Fence(3), ms(1_000))
+                .await
+                .unwrap(),
+            Renewed::NotOwner
+        );
+        // Nor a fence that is a prefix of the stored one, or has a leading zero.
+        service.raise_fence("f", Fence(20)).await.unwrap();
+        service.try_release("f", a).await.unwrap();
+        assert!(matches!(
+            service.try_acquire("f", a, &who, ms(1_000)).await.unwrap(),
+            Acquired::Granted {
+                fence: Fence(21),
+                ..
+            }
+        ));
+        assert_eq!(
+            service
+                .try_renew("f", a, Fence(2), ms(1_000))
+                .await
+                .unwrap(),
+            Renewed::NotOwner
+        );
+        assert_eq!(
+            service
+                .try_renew("f", a, Fence(21), ms(1_000))
+                .await
+                .unwrap(),
+            Renewed::Renewed { ttl: ms(1_000) }
+        );
+    });
+}
+
+#[test]
+fn holder_reports_identity_fence_and_remaining_ttl_or_free() {
+    let server = RedisServer::start();
+    run_local(async {
+        let service = service(&server.url()).await;
+        assert_eq!(
+            LockService::holder(&service, "h").await,
+            HolderOutcome::Free
+        );
+        let a = token(1, 1);
+        service
+            .try_acquire("h", a, &id("worker-3 (pid 4711)"), ms(2_000))
+            .await
+            .unwrap();
+        let HolderOutcome::Held(holder) = LockService::holder(&service, "h").await else {
+            panic!("held")
+        };
+        assert_eq!(holder.identity.as_str(), "worker-3 (pid 4711)");
+        assert_eq!(holder.fence, Fence(1));
+        assert!(
+            holder.remaining > ms(1_500) && holder.remaining <= ms(2_000),
+            "{holder:?}"
+        );
+        // It changes nothing: the same answer again, and the holder still renews.
+        assert_eq!(
+            service.try_holder("h").await.unwrap().unwrap().fence,
+            Fence(1)
+        );
+        assert!(matches!(
+            service
+                .try_renew("h", a, Fence(1), ms(2_000))
+                .await
+                .unwrap(),
+            Renewed::Renewed { .. }
+        ));
+        // An anonymous holder, and non-ASCII text.
+        let b = token(2, 1);
+        service.try_release("h", a).await.unwrap();
+        service
+            .try_acquire("h", b, &Identity::EMPTY, ms(2_000))
+            .await
+            .unwrap();
+        let held = service.try_holder("h").await.unwrap().unwrap();
+        assert!(held.identity.is_empty());
+        assert_eq!(held.fence, Fence(2));
+        service.try_release("h", b).await.unwrap();
+        service
+            .try_acquire("h", b, &id("nœud-é"), ms(2_000))
+            .await
+            .unwrap();
+        assert_eq!(
+            service
+                .try_holder("h")
+                .await
+                .unwrap()
+                .unwrap()
+                .identity
+                .as_str(),
+            "nœud-é"
+        );
+        service.try_release("h", b).await.unwrap();
+        assert_eq!(service.try_holder("h").await.unwrap(), None);
+    });
+}
+
+#[test]
+fn raise_fence_seeds_the_next_grant_and_leaves_a_held_grant_alone() {
+    let server = RedisServer::start();
+    run_local(async {
+        let service = service(&server.url()).await;
+        let who = id("r");
         assert_eq!(
             service.raise_fence("r", Fence(41)).await.unwrap(),
             Fence(41)
         );
         assert_eq!(service.raise_fence("r", Fence(7)).await.unwrap(), Fence(41));
+        let a = token(1, 1);
         assert!(matches!(
-            service
-                .try_acquire("r", token(1, 1), ms(1_000))
-                .await
-                .unwrap(),
+            service.try_acquire("r", a, &who, ms(1_000)).await.unwrap(),
             Acquired::Granted {
                 fence: Fence(42),
                 ..
             }
         ));
-        // Exact past 2^53 (Lua numbers are doubles; the scripts compare strings).
-        let big = Fence((1 << 60) + 1);
-        assert_eq!(service.raise_fence("big", big).await.unwrap(), big);
+        // Raising it while held: the holder keeps fence 42 and keeps renewing.
+        assert_eq!(
+            service.raise_fence("r", Fence(100)).await.unwrap(),
+            Fence(100)
+        );
+        assert_eq!(
+            service
+                .try_renew("r", a, Fence(42), ms(1_000))
+                .await
+                .unwrap(),
+            Renewed::Renewed { ttl: ms(1_000) }
+        );
+        assert_eq!(
+            service.try_holder("r").await.unwrap().unwrap().fence,
+            Fence(42)
+        );
+        service.try_release("r", a).await.unwrap();
         assert!(matches!(
-            service.try_acquire("big", token(1, 1), ms(1_000)).await.unwrap(),
-            Acquired::Granted { fence, .. } if fence == Fence((1 << 60) + 2)
+            service.try_acquire("r", a, &who, ms(1_000)).await.unwrap(),
+            Acquired::Granted {
+                fence: Fence(101),
+                ..
+            }
         ));
     });
 }
 
 #[test]
-fn invalid_names_and_ttls_are_typed_errors_and_nothing_is_sent() {
+fn fences_are_exact_beyond_2_pow_53_up_to_the_counter_limit() {
     let server = RedisServer::start();
     run_local(async {
         let service = service(&server.url()).await;
-        for name in ["", "a{b", "x}", "{t}"] {
-            let err = service
-                .try_acquire(name, token(1, 1), ms(100))
-                .await
-                .unwrap_err();
-            assert!(
-                matches!(
-                    err,
-                    RedisLockError::InvalidRequest {
-                        op: Op::Acquire,
-                        ..
-                    }
-                ),
-                "{name:?}: {err:?}"
-            );
-            assert_eq!(err.indeterminate(), leasehold::Indeterminate::Protocol);
-        }
-        let err = service
-            .try_acquire("k", token(1, 1), leasehold::Duration::from_micros(999))
+        let who = id("big");
+        let a = token(1, 1);
+        // 2^60 + 1 is not a double: a Lua number would round it.
+        let big = Fence((1 << 60) + 1);
+        assert_eq!(service.raise_fence("big", big).await.unwrap(), big);
+        let granted = service
+            .try_acquire("big", a, &who, ms(1_000))
             .await
-            .unwrap_err();
+            .unwrap();
+        let next = Fence((1 << 60) + 2);
         assert!(
-            matches!(err, RedisLockError::InvalidRequest { .. }),
-            "{err}"
+            matches!(granted, Acquired::Granted { fence, .. } if fence == next),
+            "{granted:?}"
+        );
+        assert_eq!(
+            service.try_holder("big").await.unwrap().unwrap().fence,
+            next
+        );
+        assert_eq!(
+            service.try_renew("big", a, next, ms(1_000)).await.unwrap(),
+            Renewed::Renewed { ttl: ms(1_000) }
+        );
+        assert_eq!(
+            service
+                .try_renew("big", a, Fence((1 << 60) + 3), ms(1_000))
+                .await
+                .unwrap(),
+            Renewed::NotOwner
+        );
+
+        // The counter is a Redis integer: the last grant is 2^63 - 1; after that the
+        // acquire is refused for good, and nothing is written.
+        let top = Fence((i64::MAX - 1) as u64);
+        assert_eq!(service.raise_fence("top", top).await.unwrap(), top);
+        assert!(matches!(
+            service.try_acquire("top", a, &who, ms(1_000)).await.unwrap(),
+            Acquired::Granted { fence, .. } if fence == Fence(i64::MAX as u64)
+        ));
+        service.try_release("top", a).await.unwrap();
+        assert_eq!(
+            LockService::acquire(&service, "top", a, &who, ms(1_000)).await,
+            AcquireOutcome::Refused(leasehold::Refusal::Unsupported)
         );
         let mut raw = raw(&server.url()).await;
-        let size: u64 = redis::cmd("DBSIZE").query_async(&mut raw).await.unwrap();
-        assert_eq!(size, 0);
+        let lock: Option<String> = raw.get("{top}").await.unwrap();
+        assert_eq!(lock, None);
+        let err = service
+            .raise_fence("other", Fence(i64::MAX as u64))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("at most 2^63 - 2"), "{err}");
+    });
+}
+
+#[test]
+fn ttls_are_whole_milliseconds_rounded_up() {
+    let server = RedisServer::start();
+    run_local(async {
+        let service = service(&server.url()).await;
+        let a = token(1, 1);
+        let granted = service
+            .try_acquire("t", a, &Identity::EMPTY, Duration::from_micros(999))
+            .await
+            .unwrap();
+        assert!(
+            matches!(granted, Acquired::Granted { ttl, .. } if ttl == ms(1)),
+            "{granted:?}"
+        );
+        service
+            .try_acquire("t", a, &Identity::EMPTY, ms(1_000))
+            .await
+            .unwrap();
+        // A renewal never applies less than asked: 1000.001 ms → 1001 ms.
+        assert_eq!(
+            service
+                .try_renew("t", a, Fence(1), Duration::from_micros(1_000_001))
+                .await
+                .unwrap(),
+            Renewed::Renewed { ttl: ms(1_001) }
+        );
     });
 }
 
@@ -176,7 +415,10 @@ fn scripts_are_reloaded_transparently_after_script_flush() {
     run_local(async {
         let service = service(&server.url()).await;
         let a = token(1, 1);
-        service.try_acquire("s", a, ms(1_000)).await.unwrap();
+        service
+            .try_acquire("s", a, &Identity::EMPTY, ms(1_000))
+            .await
+            .unwrap();
         assert_eq!(service.script_reloads(), 0);
         let mut raw = raw(&server.url()).await;
         let _: () = redis::cmd("SCRIPT")
@@ -204,56 +446,8 @@ fn scripts_are_reloaded_transparently_after_script_flush() {
             Released::Released
         );
         assert_eq!(service.script_reloads(), 2);
-    });
-}
-
-#[test]
-fn password_from_the_url_is_used_and_a_wrong_one_is_a_typed_error() {
-    let server = RedisServer::start_with(ServerOptions {
-        password: Some("s3cret".into()),
-        ..ServerOptions::default()
-    });
-    run_local(async {
-        let service = service(&server.url()).await;
-        assert!(matches!(
-            service
-                .try_acquire("p", token(1, 1), ms(1_000))
-                .await
-                .unwrap(),
-            Acquired::Granted { .. }
-        ));
-        for url in [
-            format!("redis://127.0.0.1:{}", server.port),
-            format!("redis://:wrong@127.0.0.1:{}", server.port),
-        ] {
-            let err = RedisLockService::builder(url.as_str())
-                .reconnect_backoff(std_ms(1), std_ms(1), 0)
-                .connect()
-                .await
-                .unwrap_err();
-            assert_eq!(err.op(), Op::Connect, "{err}");
-            assert!(
-                matches!(err, RedisLockError::Service { .. }),
-                "{url}: {err:?}"
-            );
-        }
-    });
-}
-
-#[test]
-fn unusable_urls_are_config_errors() {
-    run_local(async {
-        let err = RedisLockService::connect("http://127.0.0.1:1")
-            .await
-            .unwrap_err();
-        assert!(matches!(err, RedisLockError::Config(_)), "{err:?}");
-        #[cfg(not(feature = "tls"))]
-        {
-            let err = RedisLockService::connect("rediss://127.0.0.1:1")
-                .await
-                .unwrap_err();
-            assert!(matches!(err, RedisLockError::Config(_)), "{err:?}");
-        }
+        assert_eq!(service.try_holder("s").await.unwrap(), None);
+        assert_eq!(service.script_reloads(), 3);
     });
 }
 
@@ -317,7 +511,10 @@ fn both_keys_live_in_one_cluster_slot() {
         let service = service(&server.url()).await;
         let a = token(1, 1);
         assert!(matches!(
-            service.try_acquire("orders", a, ms(1_000)).await.unwrap(),
+            service
+                .try_acquire("orders", a, &id("c"), ms(1_000))
+                .await
+                .unwrap(),
             Acquired::Granted {
                 fence: Fence(1),
                 ..
@@ -331,6 +528,10 @@ fn both_keys_live_in_one_cluster_slot() {
             Renewed::Renewed { .. }
         ));
         assert_eq!(
+            service.try_holder("orders").await.unwrap().unwrap().fence,
+            Fence(1)
+        );
+        assert_eq!(
             service.raise_fence("orders", Fence(5)).await.unwrap(),
             Fence(5)
         );
@@ -343,8 +544,6 @@ fn both_keys_live_in_one_cluster_slot() {
 
 #[test]
 fn the_service_is_send_and_shared_by_many_tasks_on_a_multi_threaded_runtime() {
-    use leasehold::{AcquireOutcome, ReleaseOutcome, RenewOutcome};
-    use leasehold_driver::LockService;
     use std::sync::Arc;
 
     let server = RedisServer::start();
@@ -361,22 +560,25 @@ fn the_service_is_send_and_shared_by_many_tasks_on_a_multi_threaded_runtime() {
                 tokio::spawn(async move {
                     let key = format!("mt{i}");
                     let t = token(i, 1);
-                    let granted = LockService::acquire(&*service, &key, t, ms(1_000)).await;
-                    assert!(matches!(
+                    let who = Identity::new(&format!("task-{i}")).unwrap();
+                    let granted = LockService::acquire(&*service, &key, t, &who, ms(1_000)).await;
+                    assert_eq!(
                         granted,
                         AcquireOutcome::Granted {
                             fence: Fence(1),
-                            ..
+                            ttl: ms(1_000)
                         }
-                    ));
+                    );
                     for _ in 0..20 {
                         let renewed =
                             LockService::renew(&*service, &key, t, Fence(1), ms(1_000)).await;
-                        assert!(
-                            matches!(renewed, RenewOutcome::Renewed { .. }),
-                            "{renewed:?}"
-                        );
+                        assert_eq!(renewed, RenewOutcome::Renewed { ttl: ms(1_000) });
                     }
+                    let held = LockService::holder(&*service, &key).await;
+                    assert!(
+                        matches!(held, HolderOutcome::Held(h) if h.identity == who),
+                        "{held:?}"
+                    );
                     let released = LockService::release(&*service, &key, t).await;
                     assert_eq!(released, ReleaseOutcome::Released);
                 })
@@ -396,63 +598,5 @@ fn a_missing_redis_server_binary_fails_naming_the_debian_package() {
     assert!(
         message.contains("Debian package `redis-server`"),
         "{message}"
-    );
-}
-
-#[test]
-fn errors_reach_the_lease_as_indeterminate_and_are_logged_with_tracing() {
-    use leasehold::{AcquireOutcome, Indeterminate, RenewOutcome};
-    use leasehold_driver::LockService;
-    use std::sync::{Arc, Mutex};
-
-    #[derive(Clone, Default)]
-    struct Buffer(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Buffer {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    let server = RedisServer::start();
-    let logs = Buffer::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    tracing::subscriber::with_default(subscriber, || {
-        run_local(async {
-            let service = service(&server.url()).await;
-            let mut raw = raw(&server.url()).await;
-            let _: () = raw.hset("{typed}", "f", "v").await.unwrap();
-            let t = token(1, 1);
-            assert_eq!(
-                LockService::acquire(&service, "typed", t, ms(1_000)).await,
-                AcquireOutcome::Indeterminate(Indeterminate::Service)
-            );
-            assert_eq!(
-                LockService::renew(&service, "typed", t, Fence(1), ms(1_000)).await,
-                RenewOutcome::Indeterminate(Indeterminate::Service)
-            );
-            assert_eq!(
-                LockService::acquire(&service, "", t, ms(1_000)).await,
-                AcquireOutcome::Indeterminate(Indeterminate::Protocol)
-            );
-        })
-    });
-    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-    assert!(text.contains("WARN"), "{text}");
-    assert!(
-        text.contains("op=acquire") && text.contains("op=renew"),
-        "{text}"
-    );
-    assert!(text.contains("WRONGTYPE"), "{text}");
-    assert!(
-        text.contains("ERROR") && text.contains("must not be empty"),
-        "{text}"
     );
 }

@@ -13,10 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration as StdDuration;
 
 use leasehold::{
-    Config, Duration, Event, Fence, FenceGate, Instant, Lease, LossReason, Owner, StaleFence,
-    WriteGate,
+    Config, Duration, Event, Fence, FenceGate, Identity, Instant, Lease, LossReason, Owner,
+    StaleFence, WriteGate,
 };
-use leasehold_driver::{run_term, Clock, Target, TermEnd};
+use leasehold_driver::{run_term, Clock, Report, Target, TermEnd};
 use leasehold_redis::RedisLockService;
 use redis::aio::MultiplexedConnection;
 use tokio::sync::{mpsc, oneshot};
@@ -89,7 +89,7 @@ where
 }
 
 /// One term of a lease, running on the current `LocalSet`.
-pub struct Holder {
+pub struct Running {
     pub gate: Arc<WriteGate>,
     pub owner: Owner,
     pub key: String,
@@ -103,7 +103,7 @@ pub struct Holder {
 }
 
 /// Starts one term for `key` (acquire, renew every T/3, until lost or released).
-pub fn spawn_term<C>(service: RedisLockService<C>, key: &str, config: Config) -> Holder
+pub fn spawn_term<C>(service: RedisLockService<C>, key: &str, config: Config) -> Running
 where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -115,7 +115,7 @@ pub fn spawn_term_as<C>(
     key: &str,
     config: Config,
     owner: Owner,
-) -> Holder
+) -> Running
 where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -137,6 +137,7 @@ where
             }
             taken.set(Some(mono_now()));
         };
+        let identity = identity_of(owner);
         run_term(
             &mut lease,
             &task_gate,
@@ -144,19 +145,23 @@ where
                 service: &service,
                 key: &task_key,
                 owner,
+                identity: &identity,
             },
             &MonoClock,
+            Instant::MAX,
             released,
-            |event| {
-                let at = mono_now();
-                task_log.borrow_mut().push((at, event));
-                let _ = tx.send((at, event));
+            |report| {
+                if let Report::Event(event) = report {
+                    let at = mono_now();
+                    task_log.borrow_mut().push((at, event));
+                    let _ = tx.send((at, event));
+                }
             },
         )
         .await
         .expect("a fresh lease is idle")
     });
-    Holder {
+    Running {
         gate,
         owner,
         key: key.to_owned(),
@@ -168,8 +173,26 @@ where
     }
 }
 
-impl Holder {
-    /// The value Redis stores for this holder's (first) term.
+/// The identity a test term presents: `term-` and the owner's first bytes in hex.
+pub fn identity_of(owner: Owner) -> Identity {
+    let hex: String = owner.0[..4].iter().map(|b| format!("{b:02x}")).collect();
+    Identity::new(&format!("term-{hex}")).expect("a short printable identity")
+}
+
+/// The owner-token part of a lock value (`<token>\n<fence>\n<identity>`).
+pub fn token_of(value: &str) -> &str {
+    value.split('\n').next().unwrap_or(value)
+}
+
+/// The owner token stored in lock `key`, if any.
+pub async fn stored_token(conn: &mut MultiplexedConnection, key: &str) -> Option<String> {
+    let lock = leasehold_redis::Keys::new(key).unwrap().lock;
+    let value: Option<String> = redis::AsyncCommands::get(conn, lock).await.unwrap();
+    value.map(|v| token_of(&v).to_owned())
+}
+
+impl Running {
+    /// The owner token Redis stores for this holder's (first) term.
     pub fn token(&self) -> String {
         self.owner
             .token(leasehold::Term(1))
@@ -406,6 +429,7 @@ pub struct Sample {
     /// When the request was sent / its answer received (monotonic).
     pub sent: Instant,
     pub received: Instant,
+    /// The owner token holding the key (the value's first line).
     pub holder: Option<String>,
     pub pttl_ms: i64,
 }
@@ -425,11 +449,11 @@ impl KeyWatcher {
                 let reply: Result<(Option<String>, i64), _> =
                     script.key(&lock).invoke_async(&mut conn).await;
                 let received = mono_now();
-                if let Ok((holder, pttl_ms)) = reply {
+                if let Ok((value, pttl_ms)) = reply {
                     out.lock().unwrap().push(Sample {
                         sent,
                         received,
-                        holder,
+                        holder: value.map(|v| token_of(&v).to_owned()),
                         pttl_ms,
                     });
                 }
@@ -470,7 +494,7 @@ impl KeyWatcher {
     /// Waits for a sample, sent after `holder`'s latest grant or renewal was
     /// reported, that shows the key held by it: the expiry bound then covers that
     /// renewal.
-    pub async fn wait_covers(&self, holder: &Holder) {
+    pub async fn wait_covers(&self, holder: &Running) {
         let token = holder.token();
         let after = holder.last_grant_at().expect("granted");
         self.wait_until("a sample after the latest renewal", std_ms(1_000), |s| {
