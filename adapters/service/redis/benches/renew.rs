@@ -55,7 +55,7 @@ fn main() {
         for n in [1usize, 100, 1_000] {
             for i in 0..n {
                 let granted = service
-                    .try_acquire(&key(i), token, ms(TTL_MS))
+                    .try_acquire(&key(i), token, &leasehold::Identity::EMPTY, ms(TTL_MS))
                     .await
                     .unwrap();
                 assert!(matches!(granted, Acquired::Granted { .. }));
@@ -178,14 +178,11 @@ fn redis_benchmark_rate(server: &RedisServer, n: usize, token: &str, ours: f64, 
         .arg(requests.to_string())
         .arg("-r")
         .arg(n.to_string())
-        // Every bench key was granted once, so every fence is 1; one fixed counter key
-        // gives the script the same work (redis-benchmark draws each __rand_int__ on
-        // its own, so a per-key counter name could not match its lock key).
-        .args(["--csv", "EVALSHA", &sha, "2", "{bench:__rand_int__}"])
-        .arg(format!("{{{}}}:fence", key(0)))
-        .arg(token)
+        // Every bench key was granted once, so every fence is 1: the script's first
+        // argument is `<token>\n1\n`, the start of every lock value.
+        .args(["--csv", "EVALSHA", &sha, "1", "{bench:__rand_int__}"])
+        .arg(format!("{token}\n1\n"))
         .arg(TTL_MS.to_string())
-        .arg("1")
         .output()
         .expect("run redis-benchmark (Debian package redis-tools, pulled in by redis-server)");
     let stdout = String::from_utf8_lossy(&output.stdout);

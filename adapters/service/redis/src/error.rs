@@ -47,6 +47,8 @@ impl fmt::Display for Op {
 pub struct ProtocolError {
     /// The request.
     pub op: Op,
+    /// Where: `host:port` of the Redis server.
+    pub endpoint: String,
     /// What the script answers.
     pub expected: &'static str,
     /// What came back, rendered (truncated to 200 characters).
@@ -57,9 +59,16 @@ impl ProtocolError {
     pub(crate) fn new(op: Op, expected: &'static str, found: &Value) -> ProtocolError {
         ProtocolError {
             op,
+            endpoint: String::new(),
             expected,
             found: truncate(format!("{found:?}")),
         }
+    }
+
+    /// The same error, naming the server.
+    pub(crate) fn at(mut self, endpoint: &str) -> ProtocolError {
+        endpoint.clone_into(&mut self.endpoint);
+        self
     }
 }
 
@@ -80,9 +89,9 @@ impl fmt::Display for ProtocolError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}: expected {}, Redis answered {} (is something other than Redis, or a proxy \
-             that rewrites replies, on this address?)",
-            self.op, self.expected, self.found
+            "{} on {}: expected {}, Redis answered {} (is something other than Redis, or a \
+             proxy that rewrites replies, on this address?)",
+            self.op, self.endpoint, self.expected, self.found
         )
     }
 }
@@ -280,6 +289,7 @@ impl RedisLockError {
             ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
                 RedisLockError::Protocol(ProtocolError {
                     op,
+                    endpoint,
                     expected: "a well-formed RESP reply",
                     found: truncate(err.to_string()),
                 })
@@ -354,6 +364,11 @@ impl fmt::Display for RedisLockError {
                 write!(f, "{op} on {endpoint}: connection failed: {cause}")?;
                 if cause.is_connection_refusal() {
                     f.write_str(" (is redis-server running and listening at that address?)")?;
+                } else if cause.to_string().contains("certificate") {
+                    f.write_str(
+                        " (the server's certificate is not trusted: give its CA to \
+                         Builder::tls_root_cert, and check the host name in the URL)",
+                    )?;
                 }
                 Ok(())
             }
@@ -386,12 +401,6 @@ impl fmt::Display for RedisLockError {
 
 /// Every message carries its cause (see the module docs): no `source()`.
 impl std::error::Error for RedisLockError {}
-
-impl From<ProtocolError> for RedisLockError {
-    fn from(e: ProtocolError) -> Self {
-        RedisLockError::Protocol(e)
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -545,7 +554,11 @@ mod tests {
         assert!(e
             .to_string()
             .starts_with("renew on 127.0.0.1:6379: no answer within 250ms"));
-        let p = ProtocolError::new(Op::Acquire, "an array", &Value::Okay);
+        let p = ProtocolError::new(Op::Acquire, "an array", &Value::Okay).at(AT);
+        assert!(
+            p.to_string().starts_with("acquire on 127.0.0.1:6379: "),
+            "{p}"
+        );
         assert!(
             p.to_string().contains("expected an array, Redis answered"),
             "{p}"

@@ -198,14 +198,16 @@ where
                 &[encoded.as_str(), &ms, identity.as_str()],
             )
             .await?;
-        Ok(match scripts::parse_acquire(&value)? {
-            AcquireReply::Granted { fence, regranted } => Acquired::Granted {
-                fence,
-                ttl: applied,
-                regranted,
+        Ok(
+            match scripts::parse_acquire(&value).map_err(|e| self.protocol(e))? {
+                AcquireReply::Granted { fence, regranted } => Acquired::Granted {
+                    fence,
+                    ttl: applied,
+                    regranted,
+                },
+                AcquireReply::HeldByAnother(holder) => Acquired::HeldByAnother(holder),
             },
-            AcquireReply::HeldByAnother(holder) => Acquired::HeldByAnother(holder),
-        })
+        )
     }
 
     /// Replaces the expiry of lock `name` with now + `ttl` (whole milliseconds,
@@ -225,11 +227,13 @@ where
         let value = self
             .eval(op, &self.shared.renew, &[&keys.lock], &[&prefix, &ms])
             .await?;
-        Ok(if scripts::parse_flag(op, &value)? {
-            Renewed::Renewed { ttl: applied }
-        } else {
-            Renewed::NotOwner
-        })
+        Ok(
+            if scripts::parse_flag(op, &value).map_err(|e| self.protocol(e))? {
+                Renewed::Renewed { ttl: applied }
+            } else {
+                Renewed::NotOwner
+            },
+        )
     }
 
     /// Deletes lock `name` if `token` still holds it, whatever the fence
@@ -245,11 +249,13 @@ where
         let value = self
             .eval(op, &self.shared.release, &[&keys.lock], &[&prefix])
             .await?;
-        Ok(if scripts::parse_flag(op, &value)? {
-            Released::Released
-        } else {
-            Released::NotOwner
-        })
+        Ok(
+            if scripts::parse_flag(op, &value).map_err(|e| self.protocol(e))? {
+                Released::Released
+            } else {
+                Released::NotOwner
+            },
+        )
     }
 
     /// Who holds lock `name` now (identity, fence, remaining TTL from `PTTL`), or
@@ -260,7 +266,7 @@ where
         let value = self
             .eval(op, &self.shared.holder, &[&keys.lock], &[])
             .await?;
-        Ok(scripts::parse_holder(&value)?)
+        scripts::parse_holder(&value).map_err(|e| self.protocol(e))
     }
 
     /// Raises the fence counter of lock `name` to at least `at_least` and returns it.
@@ -284,7 +290,12 @@ where
         let value = self
             .eval(op, &self.shared.raise_fence, &[&keys.fence], &[&want])
             .await?;
-        Ok(scripts::parse_raise_fence(&value)?)
+        scripts::parse_raise_fence(&value).map_err(|e| self.protocol(e))
+    }
+
+    /// A reply that does not parse, naming the server.
+    fn protocol(&self, e: ProtocolError) -> RedisLockError {
+        RedisLockError::Protocol(e.at(&self.shared.endpoint))
     }
 
     /// `SCRIPT LOAD`, checking that Redis computed the same SHA.
@@ -298,9 +309,11 @@ where
             .map_err(|e| RedisLockError::from_redis(op, &self.shared.endpoint, e))?;
         match &sha {
             Value::BulkString(b) if b.as_slice() == script.sha.as_bytes() => Ok(()),
-            other => {
-                Err(ProtocolError::new(op, "SCRIPT LOAD to answer the script's SHA1", other).into())
-            }
+            other => Err(self.protocol(ProtocolError::new(
+                op,
+                "SCRIPT LOAD to answer the script's SHA1",
+                other,
+            ))),
         }
     }
 

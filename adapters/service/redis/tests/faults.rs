@@ -69,11 +69,11 @@ fn main() {
             failover_lost_write,
         ),
         (
-            "garbage_in_redis_is_a_typed_service_error",
+            "garbage_in_redis_ends_the_acquire_with_a_final_refusal",
             garbage_in_redis,
         ),
         (
-            "held_key_replaced_by_a_hash_expires_never_renews",
+            "held_key_replaced_by_a_hash_ends_the_term_refused",
             held_key_replaced_by_hash,
         ),
         (
@@ -94,7 +94,7 @@ fn main() {
 }
 
 /// Applies an in-process holder's write if its gate allows it.
-fn try_write(holder: &Holder, storage: &Storage) -> Option<Result<u64, leasehold::StaleFence>> {
+fn try_write(holder: &Running, storage: &Storage) -> Option<Result<u64, leasehold::StaleFence>> {
     holder
         .gate
         .check(mono_now())
@@ -138,8 +138,10 @@ fn restart_without_persistence() {
 
         // The counter restarted from zero: a new holder gets fence 1 < 41.
         let b_token = leasehold_redis::random_owner().token(leasehold::Term(1));
-        let Acquired::Granted { fence: fence_b, .. } =
-            service.try_acquire("r", b_token, ms(1_000)).await.unwrap()
+        let Acquired::Granted { fence: fence_b, .. } = service
+            .try_acquire("r", b_token, &leasehold::Identity::EMPTY, ms(1_000))
+            .await
+            .unwrap()
         else {
             panic!("free after the restart")
         };
@@ -531,7 +533,7 @@ fn network_stall() {
             .await;
         let b_token = leasehold_redis::random_owner().token(leasehold::Term(1));
         let Acquired::Granted { fence: fence_b, .. } = direct
-            .try_acquire("stall", b_token, ms(5_000))
+            .try_acquire("stall", b_token, &leasehold::Identity::EMPTY, ms(5_000))
             .await
             .unwrap()
         else {
@@ -559,8 +561,8 @@ fn network_stall() {
             Renewed::NotOwner
         );
         let mut raw = raw(&server.url()).await;
-        let holder: String = raw.get("{stall}").await.unwrap();
-        assert_eq!(holder, b_token.encode().as_str());
+        let holder = stored_token(&mut raw, "stall").await;
+        assert_eq!(holder.as_deref(), Some(b_token.encode().as_str()));
         assert!(matches!(
             direct
                 .try_renew("stall", b_token, fence_b, ms(5_000))
@@ -592,7 +594,7 @@ fn key_deleted_or_overwritten() {
         let deleted = mono_now();
         let b_token = leasehold_redis::random_owner().token(leasehold::Term(1));
         let Acquired::Granted { fence: fence_b, .. } = service
-            .try_acquire("del", b_token, ms(5_000))
+            .try_acquire("del", b_token, &leasehold::Identity::EMPTY, ms(5_000))
             .await
             .unwrap()
         else {
@@ -619,8 +621,12 @@ fn key_deleted_or_overwritten() {
             format!("DEL: NotOwner {} ms after the delete", window.as_millis()),
         );
         assert_eq!(a.end().await, TermEnd::Lost(LossReason::NotOwner));
-        let holder: String = raw.get("{del}").await.unwrap();
-        assert_eq!(holder, b_token.encode().as_str(), "B's grant untouched");
+        let holder = stored_token(&mut raw, "del").await;
+        assert_eq!(
+            holder.as_deref(),
+            Some(b_token.encode().as_str()),
+            "B's grant untouched"
+        );
 
         // SET by someone else (no TTL): NotOwner, and nothing of ours deletes it.
         let mut c = spawn_term(service.clone(), "set", config);
@@ -656,7 +662,8 @@ async fn promote(replica: &RedisServer) {
     assert!(reply.starts_with("+OK"), "{reply}");
 }
 
-/// Waits until `server` has `key` = `value` (replication caught up).
+/// Waits until `server` has `key` = `value` (replication caught up); for a lock key,
+/// `value` is the owner token, the first line of the value.
 async fn wait_replicated(server: &RedisServer, key: &str, value: &str) {
     let conn = raw(&server.url()).await;
     wait_for("replication", std_ms(5_000), || {
@@ -664,7 +671,7 @@ async fn wait_replicated(server: &RedisServer, key: &str, value: &str) {
         let (key, value) = (key.to_owned(), value.to_owned());
         async move {
             let got: Option<String> = conn.get(key).await.unwrap();
-            got.as_deref() == Some(value.as_str())
+            got.as_deref().map(token_of) == Some(value.as_str())
         }
     })
     .await;
@@ -749,7 +756,10 @@ fn failover_lost_write() {
         let storage = Storage::default();
         // History that did replicate: fence 1.
         let first = leasehold_redis::random_owner().token(leasehold::Term(1));
-        service.try_acquire("lw", first, ms(1_000)).await.unwrap();
+        service
+            .try_acquire("lw", first, &leasehold::Identity::EMPTY, ms(1_000))
+            .await
+            .unwrap();
         service.try_release("lw", first).await.unwrap();
         wait_replicated(&replica, "{lw}:fence", "1").await;
 
@@ -770,8 +780,10 @@ fn failover_lost_write() {
         // because equal fences look like one holder writing twice.
         let direct = service_at(&replica).await;
         let b_token = leasehold_redis::random_owner().token(leasehold::Term(1));
-        let Acquired::Granted { fence: fence_b, .. } =
-            direct.try_acquire("lw", b_token, ms(1_000)).await.unwrap()
+        let Acquired::Granted { fence: fence_b, .. } = direct
+            .try_acquire("lw", b_token, &leasehold::Identity::EMPTY, ms(1_000))
+            .await
+            .unwrap()
         else {
             panic!("the new primary has no holder")
         };
@@ -795,8 +807,10 @@ fn failover_lost_write() {
         let newest = storage.newest().unwrap();
         direct.raise_fence("lw", newest).await.unwrap();
         let c_token = leasehold_redis::random_owner().token(leasehold::Term(1));
-        let Acquired::Granted { fence: fence_c, .. } =
-            direct.try_acquire("lw", c_token, ms(1_000)).await.unwrap()
+        let Acquired::Granted { fence: fence_c, .. } = direct
+            .try_acquire("lw", c_token, &leasehold::Identity::EMPTY, ms(1_000))
+            .await
+            .unwrap()
         else {
             panic!("free")
         };
@@ -847,8 +861,8 @@ fn lost_acquire_answer() {
         assert_eq!(fence, Fence(1));
         let counter: String = raw.get("{lost}:fence").await.unwrap();
         assert_eq!(counter, "1", "no fence spent on the retry");
-        let holder: String = raw.get("{lost}").await.unwrap();
-        assert_eq!(holder, a.token());
+        let holder = stored_token(&mut raw, "lost").await;
+        assert_eq!(holder, Some(a.token()));
         assert_eq!(a.release().await, TermEnd::Released);
     });
 }
@@ -862,69 +876,53 @@ fn garbage_in_redis() {
     run_local(async {
         let service = service(&server.url()).await;
         let mut raw = raw(&server.url()).await;
-        let t = leasehold_redis::random_owner().token(leasehold::Term(1));
 
-        // The fence counter holds text, a negative number, a hash, or is at i64::MAX.
+        // A garbage fence counter, a lock key that is a hash, a lock value another
+        // program wrote: a lease on any of them ends its acquire at once with the
+        // final refusal (no retries, whatever the wait bound), and its gate never opens.
         let _: () = raw.set("{text}:fence", "abc").await.unwrap();
-        let _: () = raw.set("{neg}:fence", "-5").await.unwrap();
-        let _: () = raw.hset("{hash}:fence", "f", "v").await.unwrap();
-        let _: () = raw.set("{max}:fence", i64::MAX).await.unwrap();
-        for (name, code) in [
-            ("text", "LEASEHOLD"),
-            ("neg", "LEASEHOLD"),
-            ("hash", "WRONGTYPE"),
-            ("max", "ERR"),
-        ] {
-            let err = service.try_acquire(name, t, ms(1_000)).await.unwrap_err();
-            assert_eq!(err.service_code(), Some(code), "{name}: {err}");
-            assert_eq!(err.indeterminate(), leasehold::Indeterminate::Service);
-            let lock: Option<String> = raw.get(format!("{{{name}}}")).await.unwrap();
-            assert_eq!(lock, None, "{name}: nothing written before the refusal");
-            report("garbage_in_redis", format!("fence counter {name}: {err}"));
-        }
-        assert!(matches!(
-            service.raise_fence("text", Fence(3)).await.unwrap_err(),
-            RedisLockError::Service { .. }
-        ));
-
-        // The lock key holds a hash: every call is a WRONGTYPE error, never an answer.
         let _: () = raw.hset("{h}", "f", "v").await.unwrap();
-        let err = service.try_acquire("h", t, ms(1_000)).await.unwrap_err();
-        assert_eq!(err.service_code(), Some("WRONGTYPE"), "{err}");
-        let err = service
-            .try_renew("h", t, Fence(1), ms(1_000))
-            .await
-            .unwrap_err();
-        assert_eq!(err.service_code(), Some("WRONGTYPE"), "{err}");
-        let err = service.try_release("h", t).await.unwrap_err();
-        assert_eq!(err.service_code(), Some("WRONGTYPE"), "{err}");
-        let counter: bool = raw.exists("{h}:fence").await.unwrap();
-        assert!(!counter, "no fence spent on a refused acquire");
-
-        // Through a lease: acquire attempts fail as indeterminate; the gate stays shut.
-        let mut holder = spawn_term(service.clone(), "text", config(300));
-        for _ in 0..3 {
+        let _: () = raw.set("{foreign}", "someone else's").await.unwrap();
+        for name in ["text", "h", "foreign"] {
+            let mut holder = spawn_term(service.clone(), name, config(300));
             let (_, event) = holder
-                .next_event("a failed acquire", std_ms(2_000), |e| {
+                .next_event("the refused acquire", std_ms(2_000), |e| {
                     matches!(e, Event::AcquireFailed { .. })
                 })
                 .await;
-            assert!(
-                matches!(
-                    event,
-                    Event::AcquireFailed {
-                        reason: leasehold::AcquireFailure::Indeterminate(
-                            leasehold::Indeterminate::Service
-                        ),
-                        ..
-                    }
-                ),
-                "{event:?}"
+            assert_eq!(
+                event,
+                Event::AcquireFailed {
+                    reason: leasehold::AcquireFailure::Refused(leasehold::Refusal::WrongType),
+                    retry_at: None,
+                },
+                "{name}"
+            );
+            assert_eq!(
+                holder.end().await,
+                TermEnd::NotAcquired(leasehold::AcquireFailure::Refused(
+                    leasehold::Refusal::WrongType
+                )),
+                "{name}"
             );
             assert_eq!(holder.gate.check(mono_now()), Err(GateError::NotHeld));
+            assert_eq!(holder.count(|e| matches!(e, Event::Acquired { .. })), 0);
+            report("garbage_in_redis", format!("{name}: {event:?}"));
         }
-        assert_eq!(holder.count(|e| matches!(e, Event::Acquired { .. })), 0);
-        assert_eq!(holder.release().await, TermEnd::Released);
+        let counter: bool = raw.exists("{h}:fence").await.unwrap();
+        assert!(!counter, "no fence spent on a refused acquire");
+        let foreign: String = raw.get("{foreign}").await.unwrap();
+        assert_eq!(foreign, "someone else's", "left alone");
+        let err = service
+            .try_acquire(
+                "text",
+                leasehold_redis::random_owner().token(leasehold::Term(1)),
+                &leasehold::Identity::EMPTY,
+                ms(1_000),
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(err, RedisLockError::Refused { .. }), "{err:?}");
     });
 }
 
@@ -947,25 +945,26 @@ fn held_key_replaced_by_hash() {
             .query_async(&mut raw)
             .await
             .unwrap();
-        let (_, reason) = a.lost(std_ms(2_000)).await;
-        // WRONGTYPE is indeterminate, not NotOwner: the lease retries until its own
-        // deadline and never counts an error as a renewal.
-        assert_eq!(reason, LossReason::Expired);
-        assert!(
-            a.count(|e| matches!(
-                e,
-                Event::RenewFailed {
-                    reason: leasehold::Indeterminate::Service,
-                    ..
-                }
-            )) >= 1
-        );
+        let replaced = mono_now();
+        let (lost_at, reason) = a.lost(std_ms(2_000)).await;
+        // WRONGTYPE is a final refusal: the term ends at the next renewal, never
+        // counting an error as a renewal.
+        assert_eq!(reason, LossReason::Refused);
+        assert_eq!(a.count(|e| matches!(e, Event::RenewFailed { .. })), 0);
         let closed = a.gate_closed_at().unwrap();
         let expiry = watcher.expiry_lower_bound(&token).unwrap();
         assert!(
             closed <= expiry,
             "gate closed at {closed}, grant ran to {expiry}"
         );
+        report(
+            "held_key_replaced_by_hash",
+            format!(
+                "Lost(Refused) {} ms after the replacement",
+                lost_at.saturating_duration_since(replaced).as_millis()
+            ),
+        );
+        assert_eq!(a.end().await, TermEnd::Lost(LossReason::Refused));
     });
 }
 
@@ -975,6 +974,12 @@ fn garbage_replies() {
         let proxy = Proxy::start(server.port).await;
         let service = service(&proxy.url()).await;
         let t = leasehold_redis::random_owner().token(leasehold::Term(1));
+        let is_unknown = |e: &RedisLockError| {
+            matches!(
+                e,
+                RedisLockError::Protocol(_) | RedisLockError::Service { .. }
+            )
+        };
         let cases: &[&[u8]] = &[
             b":7\r\n",
             b"+OK\r\n",
@@ -982,56 +987,50 @@ fn garbage_replies() {
             b"*-1\r\n",
             b"$5\r\nhello\r\n",
             b"*0\r\n",
-            b"*3\r\n:1\r\n$1\r\n0\r\n:300\r\n",
-            b"*3\r\n:1\r\n$2\r\n-5\r\n:300\r\n",
-            b"*3\r\n:1\r\n$3\r\nabc\r\n:300\r\n",
-            b"*3\r\n:1\r\n$1\r\n5\r\n:-2\r\n",
-            b"*3\r\n:9\r\n$1\r\n5\r\n:300\r\n",
-            b"*2\r\n:1\r\n:300\r\n",
-            b"*3\r\n$1\r\n1\r\n$1\r\n5\r\n:300\r\n",
+            b"*2\r\n:1\r\n$1\r\n0\r\n",
+            b"*2\r\n:1\r\n$2\r\n-5\r\n",
+            b"*2\r\n:1\r\n$3\r\nabc\r\n",
+            b"*2\r\n:9\r\n$1\r\n5\r\n",
+            b"*2\r\n$1\r\n1\r\n$1\r\n5\r\n",
+            b"*4\r\n:0\r\n$1\r\n5\r\n$2\r\nid\r\n:-2\r\n",
+            b"*4\r\n:0\r\n$1\r\n5\r\n:3\r\n:100\r\n",
             b"-ERR injected\r\n",
         ];
         for garbage in cases {
             proxy.set_mode(ProxyMode::Garbage(garbage.to_vec()));
             let shown = String::from_utf8_lossy(garbage).replace("\r\n", " ");
-            let acquire_err = service.try_acquire("gr", t, ms(1_000)).await.unwrap_err();
+            let acquire_err = service
+                .try_acquire("gr", t, &leasehold::Identity::EMPTY, ms(1_000))
+                .await
+                .unwrap_err();
             assert!(
-                matches!(
-                    acquire_err,
-                    RedisLockError::Protocol(_) | RedisLockError::Service { .. }
-                ),
+                is_unknown(&acquire_err),
                 "acquire answered {shown}: {acquire_err:?}"
             );
-            let renewed = service.try_renew("gr", t, Fence(1), ms(1_000)).await;
-            if *garbage == b"*2\r\n:1\r\n:300\r\n" {
-                // A well-formed renew answer: a forger that speaks the protocol is
-                // believed, as from any server.
-                assert_eq!(renewed.unwrap(), Renewed::Renewed { ttl: ms(300) });
-            } else {
-                let err = renewed.unwrap_err();
-                assert!(
-                    matches!(
-                        err,
-                        RedisLockError::Protocol(_) | RedisLockError::Service { .. }
-                    ),
-                    "renew answered {shown}: {err:?}"
-                );
-            }
+            let err = service
+                .try_renew("gr", t, Fence(1), ms(1_000))
+                .await
+                .unwrap_err();
+            assert!(is_unknown(&err), "renew answered {shown}: {err:?}");
             let err = service.try_release("gr", t).await.unwrap_err();
-            assert!(
-                matches!(
-                    err,
-                    RedisLockError::Protocol(_) | RedisLockError::Service { .. }
-                ),
-                "release answered {shown}: {err:?}"
-            );
-            report("garbage_replies", format!("{shown:<32} → {acquire_err}"));
+            assert!(is_unknown(&err), "release answered {shown}: {err:?}");
+            let err = service.try_holder("gr").await.unwrap_err();
+            assert!(is_unknown(&err), "holder answered {shown}: {err:?}");
+            report("garbage_replies", format!("{shown:<40} → {acquire_err}"));
         }
+        // A well-formed renew answer (`:1`): a forger that speaks the protocol is
+        // believed, as from any server.
+        proxy.set_mode(ProxyMode::Garbage(b":1\r\n".to_vec()));
+        assert_eq!(
+            service
+                .try_renew("gr", t, Fence(1), ms(1_000))
+                .await
+                .unwrap(),
+            Renewed::Renewed { ttl: ms(1_000) }
+        );
 
         // A lease behind the garbage never opens its gate.
-        proxy.set_mode(ProxyMode::Garbage(
-            b"*3\r\n:1\r\n$1\r\n0\r\n:300\r\n".to_vec(),
-        ));
+        proxy.set_mode(ProxyMode::Garbage(b"*2\r\n:1\r\n$1\r\n0\r\n".to_vec()));
         let mut holder = spawn_term(service.clone(), "gl", config(300));
         for _ in 0..3 {
             let _ = holder

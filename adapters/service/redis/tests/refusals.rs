@@ -134,14 +134,14 @@ fn garbage_in_the_lock_value_is_wrong_type_to_acquire_and_not_owner_to_renew() {
         let ours = t.encode().as_str().to_owned();
         for (i, garbage) in [
             "garbage".to_owned(),
-            format!("{ours}"),
+            ours.clone(),
             format!("{ours}\n1"),
             format!("{ours}\n0\nid"),
             format!("{ours}\n-3\nid"),
             format!("{ours}\nx\nid"),
             format!("{ours}\n01\nid"),
             format!("{ours}\n1\nid\nextra"),
-            format!("\n1\nid"),
+            "\n1\nid".to_owned(),
         ]
         .iter()
         .enumerate()

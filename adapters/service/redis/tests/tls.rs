@@ -112,7 +112,10 @@ fn rediss_with_a_private_ca_and_a_password() {
             .expect("TLS connection with the private CA");
         let token = Owner([7; 16]).token(Term(1));
         assert!(matches!(
-            service.try_acquire("tls", token, ms(1_000)).await.unwrap(),
+            service
+                .try_acquire("tls", token, &leasehold::Identity::EMPTY, ms(1_000))
+                .await
+                .unwrap(),
             Acquired::Granted {
                 fence: Fence(1),
                 ..
@@ -126,6 +129,10 @@ fn rediss_with_a_private_ca_and_a_password() {
             Renewed::Renewed { .. }
         ));
         assert_eq!(
+            service.try_holder("tls").await.unwrap().map(|h| h.fence),
+            Some(Fence(1))
+        );
+        assert_eq!(
             service.try_release("tls", token).await.unwrap(),
             Released::Released
         );
@@ -138,7 +145,11 @@ fn rediss_with_a_private_ca_and_a_password() {
             .unwrap_err();
         assert!(
             matches!(err, RedisLockError::Transport { .. })
-                && err.to_string().contains("certificate"),
+                && err.to_string().contains("certificate")
+                && err.to_string().contains("tls_root_cert")
+                && err
+                    .to_string()
+                    .contains(&format!("127.0.0.1:{}", server.tls_port)),
             "{err:?}"
         );
         eprintln!("[tls] untrusted certificate: {err}");
