@@ -208,8 +208,7 @@ impl Config {
         let first_answer = self
             .renew_interval_for(granted)
             .saturating_add(self.request_timeout);
-        !self.renew_interval_for(granted).is_zero()
-            && first_answer.as_micros() < window.as_micros()
+        !self.renew_interval_for(granted).is_zero() && first_answer.as_micros() < window.as_micros()
     }
 }
 
@@ -315,7 +314,11 @@ impl ConfigBuilder {
         if c.renew_interval.as_micros() >= window.as_micros() {
             return Err(ConfigError::RenewIntervalNotBelowSafeWindow);
         }
-        if c.renew_interval.saturating_add(c.request_timeout).as_micros() >= window.as_micros() {
+        if c.renew_interval
+            .saturating_add(c.request_timeout)
+            .as_micros()
+            >= window.as_micros()
+        {
             return Err(ConfigError::RenewalNotAnsweredInsideSafeWindow);
         }
         let mut c = c;
@@ -364,10 +367,19 @@ mod tests {
         let c = Config::builder(ms(900)).build().unwrap();
         assert_eq!(c.renew_interval_for(ms(900)), ms(300));
         // A third of the grant, rounded down by at most a microsecond.
-        for granted in [ms(300), ms(450), ms(3_000), Duration::from_secs(86_400), Duration::MAX] {
+        for granted in [
+            ms(300),
+            ms(450),
+            ms(3_000),
+            Duration::from_secs(86_400),
+            Duration::MAX,
+        ] {
             let third = granted.as_micros() / 3;
             let got = c.renew_interval_for(granted).as_micros();
-            assert!(got <= third && third - got <= 1 + third / 1_000_000, "{granted:?}: {got}");
+            assert!(
+                got <= third && third - got <= 1 + third / 1_000_000,
+                "{granted:?}: {got}"
+            );
         }
     }
 
@@ -376,8 +388,14 @@ mod tests {
         // T = 900 ms: margin 45, request timeout 90; a grant of g renews at g/3.
         let c = Config::builder(ms(900)).build().unwrap();
         assert!(c.accepts_grant(ms(900)));
-        assert!(c.accepts_grant(ms(300)), "300/3 + 90 = 190 < 300 - 0.3 - 45");
-        assert!(!c.accepts_grant(ms(200)), "200/3 + 90 = 156.7 > 200 - 0.2 - 45");
+        assert!(
+            c.accepts_grant(ms(300)),
+            "300/3 + 90 = 190 < 300 - 0.3 - 45"
+        );
+        assert!(
+            !c.accepts_grant(ms(200)),
+            "200/3 + 90 = 156.7 > 200 - 0.2 - 45"
+        );
         assert!(!c.accepts_grant(Duration::ZERO));
         assert!(!c.accepts_grant(ms(40)));
     }

@@ -548,9 +548,11 @@ impl Lease {
             if let Some(kind) = self.in_flight.take() {
                 self.flags.set(Flags::ACTION_PENDING, false);
                 match kind {
-                    RequestKind::Acquire => {
-                        self.acquire_failed(now, AcquireFailure::Indeterminate(Indeterminate::Timeout), gate)
-                    }
+                    RequestKind::Acquire => self.acquire_failed(
+                        now,
+                        AcquireFailure::Indeterminate(Indeterminate::Timeout),
+                        gate,
+                    ),
                     RequestKind::Renew => {
                         self.renew_indeterminate(now, Indeterminate::Timeout, gate)
                     }
@@ -704,10 +706,7 @@ impl Lease {
     /// the earliest timer in the table.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        TIMERS
-            .iter()
-            .filter_map(|&timer| self.timer(timer))
-            .min()
+        TIMERS.iter().filter_map(|&timer| self.timer(timer)).min()
     }
 
     // ----- internals -----
@@ -842,7 +841,13 @@ impl Lease {
     /// An answer to a renewal of this term that is no longer in flight (it timed out,
     /// or a newer one superseded it). It extends nothing, but it can prove the lease
     /// is gone or shortened.
-    fn late_renewal(&mut self, now: Instant, id: RequestId, outcome: RenewOutcome, gate: &WriteGate) {
+    fn late_renewal(
+        &mut self,
+        now: Instant,
+        id: RequestId,
+        outcome: RenewOutcome,
+        gate: &WriteGate,
+    ) {
         let this_term = term_of(id.0) == self.term() && id.0 <= self.last_id;
         if !(this_term && self.is_held()) {
             return;
