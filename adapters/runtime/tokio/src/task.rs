@@ -69,7 +69,10 @@ mod tests {
     use crate::LeaseClock;
 
     /// A driver task per lease is most of a lease's memory (tokio rounds a task up to
-    /// 128 bytes): keep its future and the shared state from growing unnoticed.
+    /// 128 bytes): keep its future and the shared state from growing unnoticed. The
+    /// holder identity (64 bytes in the request, the shared state and the last
+    /// holder seen) took the task from 832 to 888 B and the shared state from 288 to
+    /// 440 B.
     #[tokio::test]
     async fn a_lease_task_and_its_shared_state_stay_small() {
         let config = Config::builder(Duration::from_secs(3)).build().unwrap();
@@ -83,7 +86,7 @@ mod tests {
         let task = super::drive(shared, Arc::new(MemoryService::new()), Instant::MAX);
         let (task, shared) = (size_of_val(&task), size_of::<Shared>());
         println!("driver task future: {task} B, shared state: {shared} B");
-        assert!(task <= 1_024, "driver task future is {task} B");
-        assert!(shared <= 512, "shared state is {shared} B");
+        assert!(task <= 896, "driver task future is {task} B");
+        assert!(shared <= 448, "shared state is {shared} B");
     }
 }
