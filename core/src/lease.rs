@@ -911,15 +911,21 @@ impl Lease {
         self.emit(EventKind::AcquireFailed(reason, true));
     }
 
-    /// `interval` times a factor in [0.5, 1.5), from the xorshift state.
+    /// `interval` times a factor in [0.5, 1.5], from the xorshift state.
     fn jittered(&mut self, interval: Duration) -> Duration {
         let mut x = self.jitter;
         x ^= x << 13;
         x ^= x >> 17;
         x ^= x << 5;
         self.jitter = x;
-        // 20 random bits as parts per million (capped just below one million).
-        let ppm = (x >> 12).min(999_999);
+        // Mix (murmur3's finaliser), so that seeds close together spread out at once,
+        // then scale the top 20 bits to parts per million (a multiply and a shift).
+        let mut y = x ^ (x >> 16);
+        y = y.wrapping_mul(0x85eb_ca6b);
+        y ^= y >> 13;
+        y = y.wrapping_mul(0xc2b2_ae35);
+        y ^= y >> 16;
+        let ppm = ((u64::from(y >> 12) * 1_000_000) >> 20) as u32;
         Duration::from_micros(interval.as_micros() >> 1).saturating_add(interval.ppm_ceil(ppm))
     }
 
