@@ -6,9 +6,9 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration as StdDuration;
 
-use leasehold::{Event, Fence, GateError, LossReason};
+use leasehold::{Event, Fence, GateError, Identity, LossReason, Refusal};
 use leasehold_redis::RedisLockService;
-use leasehold_tokio::{acquire, CheckError, LeaseEnd};
+use leasehold_tokio::{acquire, acquire_with, AcquireError, AcquireOptions, CheckError, LeaseEnd};
 use redis::AsyncCommands;
 use support::*;
 
@@ -32,8 +32,8 @@ fn acquire_renew_release_through_the_tokio_adapter() {
         let mut raw = raw(&server.url()).await;
         let lease = acquire(service.clone(), "tk", config(300)).await.unwrap();
         assert_eq!(lease.check(), Ok(Fence(1)));
-        let stored: String = raw.get("{tk}").await.unwrap();
-        assert_eq!(stored, lease.token().encode().as_str());
+        let stored = stored_token(&mut raw, "tk").await;
+        assert_eq!(stored.as_deref(), Some(lease.token().encode().as_str()));
         let mut events = lease.events();
         let mut renewals = 0;
         while renewals < 3 {
@@ -89,6 +89,48 @@ fn outside_delete_and_long_stall_end_the_lease_through_the_adapter() {
             "Redis still holds the key ({pttl} ms left) when the gate closes"
         );
         proxy.set_mode(ProxyMode::Forward);
+    });
+}
+
+#[test]
+fn a_busy_key_names_its_holder_and_a_wrong_type_is_refused_at_once() {
+    let server = RedisServer::start();
+    runtime().block_on(async {
+        let service = shared(&server.url()).await;
+        let holder = acquire_with(
+            service.clone(),
+            "tkbusy",
+            config(1_000),
+            AcquireOptions::new().identity(Identity::new("first-holder").unwrap()),
+        )
+        .await
+        .unwrap();
+        let err = acquire_with(
+            service.clone(),
+            "tkbusy",
+            config(1_000),
+            AcquireOptions::new().max_wait(std_ms(50)),
+        )
+        .await
+        .unwrap_err();
+        let AcquireError::Busy { holder: Some(who) } = err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(who.identity.as_str(), "first-holder");
+        assert_eq!(who.fence, holder.fence());
+        holder.release().await;
+
+        // A key another program made a list: refused at once, though unbounded.
+        let mut raw = raw(&server.url()).await;
+        let _: () = raw.rpush("{tklist}", "x").await.unwrap();
+        let started = std::time::Instant::now();
+        let err = acquire(service.clone(), "tklist", config(1_000))
+            .await
+            .unwrap_err();
+        assert_eq!(err, AcquireError::Refused(Refusal::WrongType));
+        assert!(started.elapsed() < std_ms(500), "{:?}", started.elapsed());
+        let err = acquire(service, "a{b}", config(1_000)).await.unwrap_err();
+        assert!(matches!(err, AcquireError::InvalidKey(_)), "{err:?}");
     });
 }
 
