@@ -381,6 +381,55 @@ fn redis_stopped_after_connect_is_indeterminate_within_the_request_timeout() {
 }
 
 #[test]
+fn a_read_only_replica_is_indeterminate_never_a_refusal() {
+    let primary = RedisServer::start();
+    let replica = RedisServer::start_with(ServerOptions {
+        replica_of: Some(primary.port),
+        ..ServerOptions::default()
+    });
+    run_local(async {
+        let on_primary = service(&primary.url()).await;
+        let on_replica = service(&replica.url()).await;
+        let t = token(1, 1);
+        // A grant made on the primary, replicated.
+        on_primary
+            .try_acquire("ro", t, &Identity::new("p").unwrap(), ms(10_000))
+            .await
+            .unwrap();
+        let replica_conn = raw(&replica.url()).await;
+        wait_for("replication", std_ms(5_000), || {
+            let mut conn = replica_conn.clone();
+            async move {
+                let value: Option<String> = conn.get("{ro}").await.unwrap();
+                value.is_some()
+            }
+        })
+        .await;
+        // Writes on the replica answer READONLY: may clear (a failover), so the lease
+        // retries; never a final refusal, never a grant.
+        assert_eq!(
+            LockService::acquire(&on_replica, "free", t, &Identity::EMPTY, ms(1_000)).await,
+            AcquireOutcome::Indeterminate(Indeterminate::Service)
+        );
+        assert_eq!(
+            LockService::renew(&on_replica, "ro", t, Fence(1), ms(1_000)).await,
+            RenewOutcome::Indeterminate(Indeterminate::Service)
+        );
+        let err = on_replica
+            .try_renew("ro", t, Fence(1), ms(1_000))
+            .await
+            .unwrap_err();
+        assert_eq!(err.service_code(), Some("READONLY"), "{err}");
+        assert!(err.to_string().contains("may clear"), "{err}");
+        // Reads work: the replica reports the holder.
+        let HolderOutcome::Held(holder) = LockService::holder(&on_replica, "ro").await else {
+            panic!("the replicated grant")
+        };
+        assert_eq!((holder.identity.as_str(), holder.fence), ("p", Fence(1)));
+    });
+}
+
+#[test]
 fn a_refused_connection_names_the_address() {
     let port = support::server::free_port();
     run_local(async {
