@@ -14,9 +14,9 @@
 use std::time::Duration as StdDuration;
 
 use leasehold::{Budget, Config, Duration, Event, LossReason};
-use leasehold_examples::{virtual_time_runtime, Storage, Timeline};
+use leasehold_examples::{contender, virtual_time_runtime, Storage, Timeline};
 use leasehold_tokio::memory::MemoryService;
-use leasehold_tokio::{acquire, LeaseEnd, LeaseHandle};
+use leasehold_tokio::{acquire_with, LeaseEnd, LeaseHandle};
 
 const KEY: &str = "ledger";
 
@@ -80,13 +80,17 @@ async fn pitfalls() {
     let service = std::sync::Arc::new(MemoryService::new());
     let mut storage = Storage::default();
 
-    let a = acquire(service.clone(), KEY, config).await.unwrap();
+    let a = acquire_with(service.clone(), KEY, config, contender("A"))
+        .await
+        .unwrap();
     t.log("A", format!("acquired with fence {}", a.fence().0));
     tokio::spawn(narrate(t, a.clone()));
     let b = tokio::spawn({
         let service = service.clone();
         async move {
-            let b = acquire(service, KEY, config).await.unwrap();
+            let b = acquire_with(service, KEY, config, contender("B"))
+                .await
+                .unwrap();
             t.log("B", format!("acquired with fence {}", b.fence().0));
             b
         }

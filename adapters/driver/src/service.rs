@@ -28,8 +28,9 @@ use leasehold::{
 /// gone at that instant (its hard TTL is the only authority). A request is *handled*
 /// at one instant between its send time and the receipt of its answer.
 ///
-/// * **acquire** with `ttl` — if nobody holds `key`, sets its expiry to *handling time
-///   + g* and answers `Granted { fence, ttl: g }`. A service may grant a `g` other than
+/// * **acquire** with `ttl` — if nobody holds `key`, sets its expiry to
+///   *handling time + g* and answers `Granted { fence, ttl: g }`. A service may grant
+///   a `g` other than
 ///   the `ttl` asked for (its own minimum or maximum), but only here, and it reports
 ///   the `g` it applied. The client derives everything from `g`: its safe deadline,
 ///   its renewal cadence (every g/3 by default), and the `ttl` of its renewals.

@@ -12,7 +12,8 @@ use std::ops::Deref;
 use std::sync::{Arc, Mutex};
 
 use leasehold::{
-    AcquireOutcome, Config, Duration, Fence, OwnerToken, ReleaseOutcome, RenewOutcome,
+    AcquireOutcome, Config, Duration, Fence, HolderOutcome, Identity, OwnerToken, ReleaseOutcome,
+    RenewOutcome,
 };
 use leasehold_driver::LockService;
 use leasehold_tokio::memory::MemoryService;
@@ -158,10 +159,15 @@ impl LockService for Recording {
         &self,
         key: &str,
         token: OwnerToken,
+        identity: &Identity,
         ttl: Duration,
     ) -> impl Future<Output = AcquireOutcome> + Send {
         self.record(Kind::Acquire, token);
-        LockService::acquire(&self.service, key, token, ttl)
+        LockService::acquire(&self.service, key, token, identity, ttl)
+    }
+
+    fn holder(&self, key: &str) -> impl Future<Output = HolderOutcome> + Send {
+        LockService::holder(&self.service, key)
     }
 
     fn renew(
