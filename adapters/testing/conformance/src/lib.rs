@@ -1,13 +1,17 @@
 //! The lock-service contract, written once: one async function per clause of the
 //! [`LocalLockService`] doc, which every backend runs against a real server.
 //!
-//! ```ignore
-//! #[tokio::test]
-//! async fn redis_keeps_the_contract() {
-//!     let server = leasehold_test_support::RedisServer::start();
-//!     let service = RedisLockService::builder(&server.url()).connect().await.unwrap();
-//!     leasehold_conformance::run_all(&service, &Capabilities::new(Duration::from_millis(300))).await;
-//! }
+//! ```
+//! use leasehold::Duration;
+//! use leasehold_conformance::{run_all, Capabilities};
+//! use leasehold_tokio::memory::MemoryService;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! // A backend's test starts its real server and connects instead (see the README).
+//! let service = MemoryService::new();
+//! run_all(&service, &Capabilities::new(Duration::from_secs(1))).await;
+//! # }
 //! ```
 //!
 //! Each clause works on keys of its own (a per-process random prefix, then the
