@@ -21,6 +21,8 @@
 //! Waiting out a TTL uses `tokio::time::sleep`: real time on a real server, no time on
 //! tokio's paused clock.
 
+#![warn(missing_docs)]
+
 mod caps;
 mod clauses;
 mod ctx;

@@ -19,6 +19,8 @@
 //! the server to answer): call them before starting the code under test, or from
 //! `spawn_blocking`. The proxy needs a tokio runtime.
 
+#![warn(missing_docs)]
+
 mod binary;
 mod dirs;
 pub mod etcd;
