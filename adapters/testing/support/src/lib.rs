@@ -13,6 +13,7 @@
 //! * [`Proxy`] — a loopback TCP proxy that forwards, stalls (stops forwarding, keeps
 //!   connections open), resumes, cuts every connection, retargets, or rewrites
 //!   replies.
+//! * [`Storage`] — the resource a lock protects: admits writes by fence, logs them.
 //! * [`wait_for`] — the bounded, event-driven wait used instead of bare sleeps.
 //!
 //! The starters are blocking (`std::process`, `std::thread::sleep` while waiting for
@@ -28,6 +29,7 @@ mod ports;
 mod process;
 pub mod proxy;
 pub mod redis;
+mod storage;
 mod wait;
 
 pub use binary::{binary, binary_in, MissingBinary};
@@ -36,4 +38,5 @@ pub use etcd::{EtcdCluster, Timing};
 pub use ports::free_port;
 pub use proxy::{Proxy, ProxyMode};
 pub use redis::{RedisOptions, RedisServer, TlsFiles};
+pub use storage::Storage;
 pub use wait::wait_for;
