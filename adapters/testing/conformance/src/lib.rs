@@ -28,6 +28,7 @@ mod clauses;
 mod ctx;
 
 pub use caps::Capabilities;
+pub use clauses::abandon::abandoned_requests_leave_nothing_behind;
 pub use clauses::expiry::{renew_never_recreates_an_expired_key, the_ttl_is_hard};
 pub use clauses::grant::{
     another_token_is_told_who_holds_the_key, fences_increase_across_releases,
@@ -71,6 +72,7 @@ macro_rules! with_every_clause {
             keys_that_share_a_prefix_are_separate,
             identities_round_trip,
             revoked_fires_only_when_the_grant_is_gone,
+            abandoned_requests_leave_nothing_behind,
             the_ttl_is_hard,
             renew_never_recreates_an_expired_key,
             a_renewal_replaces_the_expiry,

@@ -3,6 +3,9 @@
 //! in the violation — fails. A clause that passes a broken service would be a test
 //! that cannot fail.
 
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
 use leasehold::{
     AcquireOutcome, Duration, Fence, Holder, HolderOutcome, Identity, OwnerToken, ReleaseOutcome,
     RenewOutcome,
@@ -37,11 +40,15 @@ enum Bug {
     HolderHangs,
     /// `revoked` completes at once.
     SpuriousRevocation,
+    /// Answers travel through one queue, like replies on a pipelined connection,
+    /// and a dropped query leaves its answer in it for the next query to take.
+    DesyncOnDrop,
 }
 
 struct Broken {
     inner: MemoryService,
     bug: Bug,
+    replies: Mutex<VecDeque<HolderOutcome>>,
 }
 
 impl Broken {
@@ -145,7 +152,14 @@ impl LockService for Broken {
         if self.is(Bug::HolderHangs) {
             std::future::pending::<()>().await;
         }
-        self.inner.holder(key).await
+        let answer = self.inner.holder(key).await;
+        if !self.is(Bug::DesyncOnDrop) {
+            return answer;
+        }
+        self.replies.lock().unwrap().push_back(answer);
+        // The reply is on its way; a request dropped now never takes it.
+        tokio::task::yield_now().await;
+        self.replies.lock().unwrap().pop_front().unwrap_or(answer)
     }
 
     async fn revoked(&self, key: &str, token: OwnerToken, fence: Fence) {
@@ -164,6 +178,7 @@ async fn caught(bug: Bug, clause: &str) {
     let service = Broken {
         inner: MemoryService::new(),
         bug,
+        replies: Mutex::new(VecDeque::new()),
     };
     let violations = check_all(&service, &caps).await;
     assert!(
@@ -203,4 +218,5 @@ mutant! {
     overstated_remaining: OverstatesRemaining => another_token_is_told_who_holds_the_key;
     hanging_holder_query: HolderHangs => grant_on_a_free_key_reports_ttl_and_fence;
     spurious_revocation: SpuriousRevocation => revoked_fires_only_when_the_grant_is_gone;
+    late_replies_taken_for_the_next: DesyncOnDrop => abandoned_requests_leave_nothing_behind;
 }

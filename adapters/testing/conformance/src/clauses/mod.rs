@@ -1,5 +1,6 @@
 //! The clauses, grouped by the part of the contract they check.
 
+pub mod abandon;
 pub mod expiry;
 pub mod grant;
 pub mod names;
