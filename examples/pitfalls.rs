@@ -1,6 +1,7 @@
-//! The lesson's exercise: "Work p99 is 200 ms, renew RTT p99 is 20 ms, GC budget
-//! 150 ms. Pick T and a T/3 heartbeat. Now inject a 400 ms STW. Did you lose the lock?
-//! What does the lost flag do, and what must storage do with the old fence?"
+//! Sizing a lease, and what happens outside the size: work p99 is 200 ms, renew RTT
+//! p99 is 20 ms, GC budget 150 ms. Pick T and a T/3 heartbeat with `Budget`. Now inject
+//! a 400 ms stop-the-world pause. Is the lock lost? What does the lost flag do, and
+//! what must storage do with the old fence?
 //!
 //! ```text
 //! cargo run -p leasehold-examples --example pitfalls
@@ -25,7 +26,7 @@ fn main() {
 }
 
 async fn pitfalls() {
-    println!("leasehold pitfalls: the lesson's exercise");
+    println!("leasehold pitfalls: size a lease, then pause past its budget");
     println!(
         "(virtual time: tokio's paused clock, so this runs instantly and the same every time)\n"
     );

@@ -823,9 +823,17 @@ impl Lease {
     fn renew_answered(&mut self, now: Instant, outcome: RenewOutcome, gate: &WriteGate) {
         match outcome {
             RenewOutcome::Renewed { ttl } => {
-                // A renewal sets the service's expiry to (handling time + ttl), which
-                // may be earlier than the deadline the gate holds: then the term ends.
-                match self.config.safe_deadline(self.sent_at, ttl) {
+                // A renewal sets the service's expiry to (handling time + ttl), and
+                // never applies less than asked (the granted TTL). It is counted as
+                // the TTL asked even if the service applied more: another renewal of
+                // this term, delayed in the network and handled later, may still set
+                // the expiry to its own handling time + the TTL asked.
+                let counted = if ttl < self.granted {
+                    ttl
+                } else {
+                    self.granted
+                };
+                match self.config.safe_deadline(self.sent_at, counted) {
                     Some(deadline) if ttl >= self.granted && deadline >= self.deadline => {
                         self.hold(deadline, now, EventKind::Renewed, gate);
                     }

@@ -1104,3 +1104,21 @@ fn contract_acquire_retries_are_jittered_around_the_retry_interval() {
     let (min, max) = (gaps.iter().min().unwrap(), gaps.iter().max().unwrap());
     assert!(max - min > 30_000, "{gaps:?}");
 }
+
+#[test]
+fn contract_a_renewal_confirming_more_than_asked_counts_only_what_was_asked() {
+    // The renewal sent at 300 ms is answered with 5 s. The one sent at 300 ms is the
+    // newest, but an older renewal of the term still in the network, handled after
+    // it, may set the expiry to its own handling time + 900 ms.
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 5);
+    let id = r.renewal_due(at(300));
+    r.renew_answer(at(301), id, RenewOutcome::Renewed { ttl: ms(5_000) });
+    assert_eq!(r.lease.state(), State::Holding);
+    assert_eq!(r.lease.deadline(), Some(at_us(300_000 + WINDOW_US)));
+    assert_eq!(
+        r.lease.poll_timeout(),
+        Some(at(600)),
+        "cadence of the granted TTL"
+    );
+}

@@ -431,12 +431,19 @@ async fn a_wait_bound_ends_an_acquire_against_a_service_that_never_answers() {
         err,
         AcquireError::Unavailable(leasehold::Indeterminate::Timeout)
     );
-    // The last retry is sent before 500 ms; its request timeout (90 ms) bounds the rest.
+    // Every attempt is sent before 500 ms, and the last one's request timeout (90 ms)
+    // bounds the rest; it gives up once the next retry (22.5 to 67.5 ms after a
+    // failure) would fall at or after 500 ms.
     assert!(
-        (500..=590).contains(&timeline.now_ms()),
+        (432..=590).contains(&timeline.now_ms()),
         "{}",
         timeline.now_ms()
     );
+    assert!(service
+        .all_sent()
+        .iter()
+        .filter(|sent| sent.kind == Kind::Acquire)
+        .all(|sent| sent.at < timeline.at(500)));
     // Every attempt may have been granted: a release went out when it gave up.
     assert!(service
         .all_sent()
@@ -467,4 +474,23 @@ async fn waiting_for_a_held_key_ends_at_the_bound_with_the_holder() {
     assert!(holder.remaining <= leasehold::Duration::from_millis(900));
     assert!(timeline.now_ms() <= 300, "{}", timeline.now_ms());
     assert!(err.to_string().starts_with("the key is held by "), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_final_refusal_returns_at_once_even_without_a_wait_bound() {
+    let timeline = Timeline::start();
+    let service = Recording::new();
+    service.refuse_acquires(leasehold::Refusal::Unauthorized);
+    let err = acquire(service.clone(), KEY, config(900))
+        .await
+        .unwrap_err();
+    assert_eq!(err, AcquireError::Refused(leasehold::Refusal::Unauthorized));
+    assert_eq!(timeline.now_ms(), 0);
+    let acquires = service
+        .all_sent()
+        .iter()
+        .filter(|sent| sent.kind == Kind::Acquire)
+        .count();
+    assert_eq!(acquires, 1, "never retried");
+    assert!(err.to_string().contains("credentials"), "{err}");
 }

@@ -11,7 +11,7 @@
 //!
 //! Faults ([`Faults`]) make it behave like a service across a bad network: added
 //! latency, lost requests, lost answers, stalls, partitions — for every client or for
-//! one [`Owner`](leasehold::Owner). An operator's actions are there too: [`revoke`](MemoryService::revoke)
+//! one [`Owner`]. An operator's actions are there too: [`revoke`](MemoryService::revoke)
 //! deletes a key from outside (holders are notified through
 //! [`revoked`](leasehold_driver::LockService::revoked)), and
 //! [`expire_now`](MemoryService::expire_now) ends a grant as if its TTL ran out.
@@ -40,7 +40,7 @@ use table::Table;
 /// An in-memory lock service for many keys, with fault injection.
 ///
 /// Share it as `Arc<MemoryService>` between contenders; tell clients apart for faults
-/// by their [`Owner`](leasehold::Owner) ([`LeaseHandle::owner`], or one you supply
+/// by their [`Owner`] ([`LeaseHandle::owner`], or one you supply
 /// with [`AcquireOptions::owner`]).
 ///
 /// Expiry is lazy: a grant whose TTL ran out is dropped when its key is next touched,
