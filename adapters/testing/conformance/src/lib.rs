@@ -32,7 +32,8 @@ pub use clauses::abandon::abandoned_requests_leave_nothing_behind;
 pub use clauses::expiry::{renew_never_recreates_an_expired_key, the_ttl_is_hard};
 pub use clauses::grant::{
     another_token_is_told_who_holds_the_key, fences_increase_across_releases,
-    grant_on_a_free_key_reports_ttl_and_fence, same_token_reacquire_keeps_the_fence,
+    grant_on_a_free_key_reports_ttl_and_fence, grants_are_a_function_of_the_ttl_asked,
+    same_token_reacquire_keeps_the_fence,
 };
 pub use clauses::names::{
     identities_round_trip, invalid_keys_are_refused, keys_that_share_a_prefix_are_separate,
@@ -58,6 +59,7 @@ macro_rules! with_every_clause {
         $m!(
             grant_on_a_free_key_reports_ttl_and_fence,
             same_token_reacquire_keeps_the_fence,
+            grants_are_a_function_of_the_ttl_asked,
             another_token_is_told_who_holds_the_key,
             fences_increase_across_releases,
             renew_by_the_holder_applies_at_least_the_ttl_asked,

@@ -4,6 +4,7 @@
 //! that cannot fail.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use leasehold::{
@@ -40,6 +41,8 @@ enum Bug {
     HolderHangs,
     /// `revoked` completes at once.
     SpuriousRevocation,
+    /// A TTL it cannot apply to the millisecond is rounded up or down, by turns.
+    MoodyRounding,
     /// Answers travel through one queue, like replies on a pipelined connection,
     /// and a dropped query leaves its answer in it for the next query to take.
     DesyncOnDrop,
@@ -49,6 +52,7 @@ struct Broken {
     inner: MemoryService,
     bug: Bug,
     replies: Mutex<VecDeque<HolderOutcome>>,
+    turns: AtomicU64,
 }
 
 impl Broken {
@@ -76,6 +80,12 @@ impl LockService for Broken {
         }
         if self.is(Bug::ReacquireNewFence) {
             let _ = self.inner.release(&key, token).await;
+        }
+        let mut ttl = ttl;
+        if self.is(Bug::MoodyRounding) && ttl.as_micros() % 1_000 != 0 {
+            let down = ttl.as_micros() / 1_000 * 1_000;
+            let up = self.turns.fetch_add(1, Ordering::Relaxed) % 2;
+            ttl = Duration::from_micros(down + up * 1_000);
         }
         let asked = if self.is(Bug::LongerTtl) {
             ttl.saturating_mul(2)
@@ -179,6 +189,7 @@ async fn caught(bug: Bug, clause: &str) {
         inner: MemoryService::new(),
         bug,
         replies: Mutex::new(VecDeque::new()),
+        turns: AtomicU64::new(0),
     };
     let violations = check_all(&service, &caps).await;
     assert!(
@@ -218,5 +229,6 @@ mutant! {
     overstated_remaining: OverstatesRemaining => another_token_is_told_who_holds_the_key;
     hanging_holder_query: HolderHangs => grant_on_a_free_key_reports_ttl_and_fence;
     spurious_revocation: SpuriousRevocation => revoked_fires_only_when_the_grant_is_gone;
+    moody_rounding: MoodyRounding => grants_are_a_function_of_the_ttl_asked;
     late_replies_taken_for_the_next: DesyncOnDrop => abandoned_requests_leave_nothing_behind;
 }

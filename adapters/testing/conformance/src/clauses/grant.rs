@@ -1,7 +1,7 @@
 //! Grants: the TTL applied, the fence, idempotent re-acquire, contenders, and fences
 //! that only grow.
 
-use leasehold::{AcquireOutcome, ReleaseOutcome};
+use leasehold::{AcquireOutcome, Duration, Refusal, ReleaseOutcome};
 use leasehold_driver::LocalLockService;
 
 use crate::caps::std_of;
@@ -25,7 +25,8 @@ pub async fn grant_on_a_free_key_reports_ttl_and_fence<S: LocalLockService>(
 }
 
 /// An acquire by the token that already holds the key (its first answer was lost) is
-/// granted again with the *same* fence, and the key stays its own.
+/// granted again with the *same* fence and the same TTL (the same TTL asked always
+/// gets the same grant), and the key stays its own.
 pub async fn same_token_reacquire_keeps_the_fence<S: LocalLockService>(
     s: &S,
     caps: &Capabilities,
@@ -38,9 +39,9 @@ pub async fn same_token_reacquire_keeps_the_fence<S: LocalLockService>(
         AcquireOutcome::Granted { fence: again, ttl } => {
             ensure!(
                 ctx,
-                again == fence && ttl >= ctx.ttl(),
+                again == fence && ttl == ctx.ttl(),
                 "re-acquire by the holder's own token: expected Granted with the first \
-                 {fence} and ttl >= {:?}, got {again} and ttl {:?}",
+                 {fence} and the first grant's ttl {:?}, got {again} and ttl {:?}",
                 std_of(ctx.ttl()),
                 std_of(ttl)
             );
@@ -117,6 +118,65 @@ pub async fn fences_increase_across_releases<S: LocalLockService>(
         fences.push(fence);
         ctx.release_is(&key, token, ReleaseOutcome::Released, "by the holder")
             .await?;
+    }
+    Ok(())
+}
+
+/// The TTL granted is a function of the TTL asked (a clamp to the service's bounds,
+/// never a mood), also for TTLs the service cannot apply as asked (1 µs, one
+/// microsecond past a multiple of its granularity): two keys asked with the same TTL
+/// get the same answer — `Granted` with the same TTL, or both `Refused(Unsupported)`
+/// — and the holder's re-acquire of a long enough grant gets the same TTL and fence.
+pub async fn grants_are_a_function_of_the_ttl_asked<S: LocalLockService>(
+    s: &S,
+    caps: &Capabilities,
+) -> Verdict {
+    let ctx = Ctx::new(s, caps, "grants_are_a_function_of_the_ttl_asked");
+    let me = ctx.identity("holder");
+    let odd = Duration::from_micros(1);
+    let asks = [
+        odd,
+        ctx.ttl().saturating_add(odd),
+        ctx.ttl(),
+        ctx.ttl().saturating_mul(3),
+    ];
+    for (i, ask) in asks.into_iter().enumerate() {
+        let (a, b) = (ctx.key(&format!("{i}a")), ctx.key(&format!("{i}b")));
+        let token = ctx.token();
+        let first = ctx.acquire(&a, token, &me, ask).await?;
+        let second = ctx.acquire(&b, ctx.token(), &me, ask).await?;
+        let g = match (first, second) {
+            (AcquireOutcome::Granted { ttl: g, .. }, AcquireOutcome::Granted { ttl: h, .. })
+                if g == h =>
+            {
+                g
+            }
+            (AcquireOutcome::Refused(Refusal::Unsupported), same) if same == first => continue,
+            _ => {
+                return Err(ctx.violation(format!(
+                    "two free keys asked for ttl {:?}: expected the same answer (Granted \
+                     with the same ttl, or Refused(Unsupported)), got {first:?} and \
+                     {second:?}",
+                    std_of(ask)
+                )))
+            }
+        };
+        if ask < ctx.ttl() || g < ctx.ttl() {
+            // Too short to re-acquire before it expires.
+            continue;
+        }
+        let AcquireOutcome::Granted { fence, .. } = first else {
+            continue;
+        };
+        let again = ctx.acquire(&a, token, &me, ask).await?;
+        ensure!(
+            ctx,
+            again == AcquireOutcome::Granted { fence, ttl: g },
+            "the holder's re-acquire asking {:?} again: expected Granted with {fence} and \
+             ttl {:?} as the first time, got {again:?}",
+            std_of(ask),
+            std_of(g)
+        );
     }
     Ok(())
 }
