@@ -130,9 +130,10 @@ pub async fn identities_round_trip<S: LocalLockService>(s: &S, caps: &Capabiliti
             .map_err(|e| ctx.violation(format!("test identity {text:?}: {e}")))?;
         let key = ctx.key(&format!("id{i}"));
         let fence = ctx.granted(&key, ctx.token(), &identity, ctx.ttl()).await?;
-        ctx.held_by_another(&key, ctx.token(), &identity, fence, ctx.ttl(), "")
+        let why = format!("for identity {i}");
+        ctx.held_by_another(&key, ctx.token(), &identity, fence, ctx.ttl(), &why)
             .await?;
-        ctx.held_by(&key, &identity, fence, ctx.ttl(), "").await?;
+        ctx.held_by(&key, &identity, fence, ctx.ttl(), &why).await?;
     }
     Ok(())
 }
