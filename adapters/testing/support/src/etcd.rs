@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::process::{exited, kill_and_reap, stop_and_reap};
+use nix::sys::signal::Signal;
+
+use crate::process::{exited, kill_and_reap, signal, stop_and_reap};
 use crate::{binary, fast_scratch_dir, free_port, ScratchDir};
 
 /// How long a member gets to report itself healthy (it needs a leader, so a quorum).
@@ -174,6 +176,25 @@ impl EtcdCluster {
         }
     }
 
+    /// `SIGSTOP` member `i`: it stops answering clients and peers, its connections
+    /// stay open (a frozen VM, a long GC pause).
+    ///
+    /// # Panics
+    ///
+    /// When it is not running.
+    pub fn pause(&self, i: usize) {
+        signal(self.running(i), Signal::SIGSTOP, "etcd");
+    }
+
+    /// `SIGCONT` after [`pause`](Self::pause).
+    ///
+    /// # Panics
+    ///
+    /// When it is not running.
+    pub fn resume(&self, i: usize) {
+        signal(self.running(i), Signal::SIGCONT, "etcd");
+    }
+
     /// Starts member `i` again on its ports and data directory (its WAL is replayed)
     /// without waiting for it: with the rest of a 3-member cluster down it cannot be
     /// healthy alone.
@@ -240,6 +261,14 @@ impl EtcdCluster {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    fn running(&self, i: usize) -> &Child {
+        let member = &self.members[i];
+        member
+            .child
+            .as_ref()
+            .unwrap_or_else(|| panic!("etcd member {i} is not running"))
     }
 
     fn data_dir(&self, i: usize) -> PathBuf {
@@ -413,9 +442,17 @@ mod tests {
         assert_eq!(cluster.client_port(0), port);
         assert_ne!(cluster.pid(0), Some(pid));
         assert!(healthy(&cluster, 0));
+        cluster.pause(0);
+        assert!(health(port).is_none(), "a paused member does not answer");
+        cluster.resume(0);
+        assert!(healthy(&cluster, 0));
         let pid = cluster.pid(0).unwrap();
+        cluster.pause(0);
         drop(cluster);
-        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "drop kills");
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "drop kills, even a paused member"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

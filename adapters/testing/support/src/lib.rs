@@ -9,7 +9,7 @@
 //! * [`RedisServer`] — a real `redis-server` on a free port: stop, kill, pause
 //!   (`SIGSTOP`), resume, restart on the same port and directory; killed on drop.
 //! * [`EtcdCluster`] — one or more real `etcd` members on loopback: stop, kill,
-//!   restart a member, find the leader; every member killed on drop.
+//!   pause, resume, restart a member, find the leader; every member killed on drop.
 //! * [`Proxy`] — a loopback TCP proxy that forwards, stalls (stops forwarding, keeps
 //!   connections open), resumes, cuts every connection, retargets, or rewrites
 //!   replies.
