@@ -29,7 +29,10 @@ mod ctx;
 
 pub use caps::Capabilities;
 pub use clauses::abandon::abandoned_requests_leave_nothing_behind;
-pub use clauses::expiry::{renew_never_recreates_an_expired_key, the_ttl_is_hard};
+pub use clauses::expiry::{
+    renew_never_recreates_an_expired_key, renewals_and_reacquires_extend_the_expiry,
+    the_ttl_is_hard,
+};
 pub use clauses::grant::{
     another_token_is_told_who_holds_the_key, fences_increase_across_releases,
     grant_on_a_free_key_reports_ttl_and_fence, grants_are_a_function_of_the_ttl_asked,
@@ -76,6 +79,7 @@ macro_rules! with_every_clause {
             revoked_fires_only_when_the_grant_is_gone,
             abandoned_requests_leave_nothing_behind,
             the_ttl_is_hard,
+            renewals_and_reacquires_extend_the_expiry,
             renew_never_recreates_an_expired_key,
             a_renewal_replaces_the_expiry,
         )

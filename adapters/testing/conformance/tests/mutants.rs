@@ -41,6 +41,10 @@ enum Bug {
     HolderHangs,
     /// `revoked` completes at once.
     SpuriousRevocation,
+    /// Renewals answer `Renewed` and change nothing.
+    RenewDoesNotExtend,
+    /// The holder's re-acquire answers `Granted` and changes nothing.
+    ReacquireDoesNotExtend,
     /// A TTL it cannot apply to the millisecond is rounded up or down, by turns.
     MoodyRounding,
     /// Answers travel through one queue, like replies on a pipelined connection,
@@ -77,6 +81,14 @@ impl LockService for Broken {
         if self.is(Bug::TruncatesIdentity) {
             let text = identity.as_str();
             identity = Identity::lossy(text.get(..32).unwrap_or(text));
+        }
+        if self.is(Bug::ReacquireDoesNotExtend) {
+            if let Some(grant) = self.inner.grant(&key).filter(|g| g.token == token) {
+                return AcquireOutcome::Granted {
+                    fence: grant.fence,
+                    ttl,
+                };
+            }
         }
         if self.is(Bug::ReacquireNewFence) {
             let _ = self.inner.release(&key, token).await;
@@ -120,6 +132,11 @@ impl LockService for Broken {
             if let Some(grant) = grant.filter(|g| g.token == token) {
                 fence = grant.fence;
             }
+        }
+        if self.is(Bug::RenewDoesNotExtend)
+            && grant.is_some_and(|g| g.token == token && g.fence == fence)
+        {
+            return RenewOutcome::Renewed { ttl };
         }
         if self.is(Bug::RenewRecreates) && grant.is_none() {
             return match self.inner.acquire(key, token, &Identity::EMPTY, ttl).await {
@@ -229,6 +246,8 @@ mutant! {
     overstated_remaining: OverstatesRemaining => another_token_is_told_who_holds_the_key;
     hanging_holder_query: HolderHangs => grant_on_a_free_key_reports_ttl_and_fence;
     spurious_revocation: SpuriousRevocation => revoked_fires_only_when_the_grant_is_gone;
+    renew_not_extending: RenewDoesNotExtend => renewals_and_reacquires_extend_the_expiry;
+    reacquire_not_extending: ReacquireDoesNotExtend => renewals_and_reacquires_extend_the_expiry;
     moody_rounding: MoodyRounding => grants_are_a_function_of_the_ttl_asked;
     late_replies_taken_for_the_next: DesyncOnDrop => abandoned_requests_leave_nothing_behind;
 }

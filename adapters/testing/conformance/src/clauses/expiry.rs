@@ -75,3 +75,49 @@ pub async fn renew_never_recreates_an_expired_key<S: LocalLockService>(
     );
     Ok(())
 }
+
+/// A renewal, and a re-acquire by the holder's own token, move the expiry to their
+/// handling time + TTL: both keys, granted for the TTL and renewed (or re-acquired)
+/// halfway through it, are still held once the first grant's TTL has passed since
+/// its answer.
+pub async fn renewals_and_reacquires_extend_the_expiry<S: LocalLockService>(
+    s: &S,
+    caps: &Capabilities,
+) -> Verdict {
+    let ctx = Ctx::new(s, caps, "renewals_and_reacquires_extend_the_expiry");
+    let (renewed, reacquired) = (ctx.key("renewed"), ctx.key("reacquired"));
+    let me = ctx.identity("holder");
+    let (first, second) = (ctx.token(), ctx.token());
+    let ttl = ctx.ttl();
+    let sent = tokio::time::Instant::now();
+    let renewed_fence = ctx.granted(&renewed, first, &me, ttl).await?;
+    let reacquired_fence = ctx.granted(&reacquired, second, &me, ttl).await?;
+    let answered = tokio::time::Instant::now();
+    // Handled after this, so the new expiries are at least sent + 1.5 × ttl.
+    ctx.sleep_until(sent + std_of(ttl) / 2).await;
+    ctx.renewed(
+        &renewed,
+        first,
+        renewed_fence,
+        ttl,
+        "halfway through the TTL",
+    )
+    .await?;
+    match ctx.acquire(&reacquired, second, &me, ttl).await? {
+        AcquireOutcome::Granted { fence, ttl: g } if fence == reacquired_fence && g == ttl => {}
+        other => {
+            return Err(ctx.violation(format!(
+                "re-acquire by the holder halfway through the TTL: expected Granted with \
+                 {reacquired_fence} and ttl {:?}, got {other:?}",
+                std_of(ttl)
+            )))
+        }
+    }
+    // Both grants' first expiries (handled before `answered`) have passed.
+    ctx.sleep_until(answered + std_of(ttl)).await;
+    let past = "once the first grant's TTL has passed since its answer";
+    ctx.held_by_another(&renewed, ctx.token(), &me, renewed_fence, ttl, past)
+        .await?;
+    ctx.held_by_another(&reacquired, ctx.token(), &me, reacquired_fence, ttl, past)
+        .await
+}
