@@ -20,6 +20,10 @@
 //! call is bounded by [`Capabilities::request_timeout`], so a hang is a violation too.
 //! Waiting out a TTL uses `tokio::time::sleep`: real time on a real server, no time on
 //! tokio's paused clock.
+//!
+//! The clauses take any [`LocalLockService`], so every `LockService` (through the
+//! blanket impl) and single-threaded services run them alike. Why each clause matters
+//! to a lease is in [`leasehold::rules`] ("The service contract").
 
 #![warn(missing_docs)]
 
