@@ -15,8 +15,8 @@ use std::thread;
 use std::time::{Duration as StdDuration, Instant as StdInstant};
 
 use leasehold::{
-    AcquireOutcome, Action, Config, Duration, Event, Fence, Lease, Owner, OwnerToken,
-    ReleaseOutcome, RenewOutcome, RequestId, State, WriteGate,
+    AcquireOutcome, Action, Config, Duration, Event, Fence, Holder, Identity, Lease, Owner,
+    OwnerToken, ReleaseOutcome, RenewOutcome, RequestId, Response, State, WriteGate,
 };
 use leasehold_examples::{line, Storage};
 
@@ -31,16 +31,9 @@ struct ToyService {
     cut_off: bool,
 }
 
-/// An answer travelling back to the client.
-enum Answer {
-    Acquire(AcquireOutcome),
-    Renew(RenewOutcome),
-    Release(ReleaseOutcome),
-}
-
 impl ToyService {
     /// Carries out `action` for `owner` at `now`; `None` if the request is lost.
-    fn handle(&mut self, action: Action, owner: Owner, now: StdInstant) -> Option<Answer> {
+    fn handle(&mut self, action: Action, owner: Owner, now: StdInstant) -> Option<Response> {
         if self.cut_off {
             return None;
         }
@@ -50,27 +43,31 @@ impl ToyService {
         let token = owner.token(action.term());
         let ours = self.grant.is_some_and(|(holder, _, _)| holder == token);
         Some(match action {
-            Action::Acquire { ttl, .. } => Answer::Acquire(match self.grant {
+            Action::Acquire { ttl, .. } => Response::Acquire(match self.grant {
                 Some((_, fence, _)) if ours => {
-                    self.grant = Some((token, fence, now + std_duration(ttl)));
+                    self.grant = Some((token, fence, now + StdDuration::from(ttl)));
                     AcquireOutcome::Granted { fence, ttl }
                 }
-                Some(_) => AcquireOutcome::HeldByAnother,
+                Some((_, fence, expires)) => AcquireOutcome::HeldByAnother(Holder {
+                    identity: Identity::EMPTY,
+                    fence,
+                    remaining: expires.saturating_duration_since(now).into(),
+                }),
                 None => {
                     self.last_fence += 1;
                     let fence = Fence(self.last_fence);
-                    self.grant = Some((token, fence, now + std_duration(ttl)));
+                    self.grant = Some((token, fence, now + StdDuration::from(ttl)));
                     AcquireOutcome::Granted { fence, ttl }
                 }
             }),
-            Action::Renew { ttl, .. } => Answer::Renew(match &mut self.grant {
-                Some((_, _, expires)) if ours => {
-                    *expires = now + std_duration(ttl);
+            Action::Renew { fence, ttl, .. } => Response::Renew(match &mut self.grant {
+                Some((_, held, expires)) if ours && *held == fence => {
+                    *expires = now + StdDuration::from(ttl);
                     RenewOutcome::Renewed { ttl }
                 }
                 _ => RenewOutcome::NotOwner,
             }),
-            Action::Release { .. } => Answer::Release(if ours {
+            Action::Release { .. } => Response::Release(if ours {
                 self.grant = None;
                 ReleaseOutcome::Released
             } else {
@@ -78,10 +75,6 @@ impl ToyService {
             }),
         })
     }
-}
-
-fn std_duration(d: Duration) -> StdDuration {
-    StdDuration::from_micros(d.as_micros())
 }
 
 fn main() {
@@ -102,7 +95,7 @@ fn main() {
     let owner = Owner(*b"custom-loop-demo");
     let mut service = ToyService::default();
     let mut storage = Storage::default();
-    let mut answers: Vec<(StdInstant, RequestId, Answer)> = Vec::new();
+    let mut answers: Vec<(StdInstant, RequestId, Response)> = Vec::new();
     let mut next_write = origin + WRITE_EVERY;
     // The script: cut the client off at 700 ms; reconnect and start a second term at
     // 1,250 ms; release at 1,800 ms.
@@ -178,11 +171,7 @@ fn main() {
         for (_, id, answer) in due {
             // A stale answer (an old request the lease gave up on) is refused and
             // counted; nothing else to do.
-            let _ = match answer {
-                Answer::Acquire(outcome) => lease.handle_acquire_response(t, id, outcome, &gate),
-                Answer::Renew(outcome) => lease.handle_renew_response(t, id, outcome, &gate),
-                Answer::Release(outcome) => lease.handle_release_response(t, id, outcome, &gate),
-            };
+            let _ = lease.handle_response(t, id, answer, &gate);
         }
         // Harmless when nothing is due.
         lease.handle_timeout(t, &gate);

@@ -1,6 +1,7 @@
-//! The lesson's exercise: "Work p99 is 200 ms, renew RTT p99 is 20 ms, GC budget
-//! 150 ms. Pick T and a T/3 heartbeat. Now inject a 400 ms STW. Did you lose the lock?
-//! What does the lost flag do, and what must storage do with the old fence?"
+//! Sizing a lease, and what happens outside the size: work p99 is 200 ms, renew RTT
+//! p99 is 20 ms, GC budget 150 ms. Pick T and a T/3 heartbeat with `Budget`. Now inject
+//! a 400 ms stop-the-world pause. Is the lock lost? What does the lost flag do, and
+//! what must storage do with the old fence?
 //!
 //! ```text
 //! cargo run -p leasehold-examples --example pitfalls
@@ -14,9 +15,9 @@
 use std::time::Duration as StdDuration;
 
 use leasehold::{Budget, Config, Duration, Event, LossReason};
-use leasehold_examples::{virtual_time_runtime, Storage, Timeline};
+use leasehold_examples::{contender, virtual_time_runtime, Storage, Timeline};
 use leasehold_tokio::memory::MemoryService;
-use leasehold_tokio::{acquire, LeaseEnd, LeaseHandle};
+use leasehold_tokio::{acquire_with, LeaseEnd, LeaseHandle};
 
 const KEY: &str = "ledger";
 
@@ -25,7 +26,7 @@ fn main() {
 }
 
 async fn pitfalls() {
-    println!("leasehold pitfalls: the lesson's exercise");
+    println!("leasehold pitfalls: size a lease, then pause past its budget");
     println!(
         "(virtual time: tokio's paused clock, so this runs instantly and the same every time)\n"
     );
@@ -80,13 +81,17 @@ async fn pitfalls() {
     let service = std::sync::Arc::new(MemoryService::new());
     let mut storage = Storage::default();
 
-    let a = acquire(service.clone(), KEY, config).await.unwrap();
+    let a = acquire_with(service.clone(), KEY, config, contender("A"))
+        .await
+        .unwrap();
     t.log("A", format!("acquired with fence {}", a.fence().0));
     tokio::spawn(narrate(t, a.clone()));
     let b = tokio::spawn({
         let service = service.clone();
         async move {
-            let b = acquire(service, KEY, config).await.unwrap();
+            let b = acquire_with(service, KEY, config, contender("B"))
+                .await
+                .unwrap();
             t.log("B", format!("acquired with fence {}", b.fence().0));
             b
         }

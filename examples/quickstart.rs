@@ -14,9 +14,9 @@
 use std::sync::{Arc, Mutex};
 
 use leasehold::{Config, Duration, Event};
-use leasehold_examples::{virtual_time_runtime, Storage, Timeline};
+use leasehold_examples::{contender, virtual_time_runtime, Storage, Timeline};
 use leasehold_tokio::memory::MemoryService;
-use leasehold_tokio::{acquire, LeaseEnd, LeaseHandle, TimedEvent};
+use leasehold_tokio::{acquire_with, LeaseEnd, LeaseHandle, TimedEvent};
 
 const KEY: &str = "orders";
 
@@ -47,7 +47,9 @@ async fn quickstart() {
     let service = Arc::new(MemoryService::new());
     let storage = Arc::new(Mutex::new(Storage::default()));
 
-    let a = acquire(service.clone(), KEY, config).await.unwrap();
+    let a = acquire_with(service.clone(), KEY, config, contender("A"))
+        .await
+        .unwrap();
     t.log("A", format!("acquired {KEY:?} with fence {}", a.fence().0));
     tokio::spawn(narrate("A", t, a.clone()));
 
@@ -56,7 +58,9 @@ async fn quickstart() {
         let (service, storage) = (service.clone(), storage.clone());
         async move {
             t.log("B", format!("waiting for {KEY:?}"));
-            let b = acquire(service, KEY, config).await.unwrap();
+            let b = acquire_with(service, KEY, config, contender("B"))
+                .await
+                .unwrap();
             t.log("B", format!("acquired {KEY:?} with fence {}", b.fence().0));
             let fence = b.check().unwrap();
             let said = storage

@@ -11,7 +11,7 @@ use crate::Duration;
 /// interrupt storm), and a safety margin. If they add up to `T` or more, a holder can
 /// be mid-write when the service hands the lock to someone else.
 ///
-/// The lesson's numbers — work p99 200 ms, renew RTT p99 20 ms, GC budget 150 ms —
+/// A typical service — work p99 200 ms, renew RTT p99 20 ms, GC budget 150 ms —
 /// with a 30 ms margin need `T > 400 ms`. Taking 1.5× that, `T = 600 ms`, gives a
 /// heartbeat of `T/3 = 200 ms`:
 ///

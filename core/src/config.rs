@@ -30,9 +30,9 @@ pub struct Config {
     retry_interval: Duration,
     margin: Duration,
     drift_ppm: u32,
-    /// Bits 0–19: `renew_interval / ttl` in units of 2^-20, for grants of another TTL
-    /// than asked (see [`Config::renew_interval_for`]). Bit 31: `fail_closed`. One
-    /// word for both keeps a `Lease` within 128 bytes.
+    /// Bits 0–30: `renew_interval / ttl` in units of 2^-31, rounded up, for grants
+    /// of another TTL than asked (see [`Config::renew_interval_for`]). Bit 31:
+    /// `fail_closed`. One word for both keeps a `Lease` within 128 bytes.
     packed: u32,
 }
 
@@ -183,14 +183,16 @@ impl Config {
     /// `granted` (which the service may have made shorter or longer than
     /// [`ttl`](Self::ttl)): [`renew_interval`](Self::renew_interval) scaled by
     /// `granted / ttl`, so the cadence follows the granted TTL (every granted/3 by
-    /// default). Rounded down: never later than the exact share.
+    /// default). The share is kept to 31 bits, rounded up, and the product rounded
+    /// down: exact when the exact value is whole microseconds, otherwise at most
+    /// `1 + granted / 2^31` µs late (13 µs for a day-long TTL).
     pub const fn renew_interval_for(&self, granted: Duration) -> Duration {
         if granted.as_micros() == self.ttl.as_micros() {
             return self.renew_interval;
         }
         let g = granted.as_micros();
         let q = (self.packed & !FAIL_CLOSED) as u64;
-        // g * q / 2^20 in two parts, so that no product overflows: q < 2^20.
+        // g * q / 2^31 in two parts, so that no product overflows: q < 2^31.
         let high = (g >> FRACTION_BITS).saturating_mul(q);
         let low = ((g & FRACTION_MASK).wrapping_mul(q)) >> FRACTION_BITS;
         Duration::from_micros(high.saturating_add(low))
@@ -208,17 +210,19 @@ impl Config {
         let first_answer = self
             .renew_interval_for(granted)
             .saturating_add(self.request_timeout);
-        !self.renew_interval_for(granted).is_zero()
-            && first_answer.as_micros() < window.as_micros()
+        !self.renew_interval_for(granted).is_zero() && first_answer.as_micros() < window.as_micros()
     }
 }
 
-/// `renew_interval / ttl` is kept as a binary fraction of this many bits.
-const FRACTION_BITS: u32 = 20;
+/// `renew_interval / ttl` is kept as a binary fraction of this many bits (bit 31 of
+/// the word is `fail_closed`).
+const FRACTION_BITS: u32 = 31;
 const FRACTION_MASK: u64 = (1 << FRACTION_BITS) - 1;
 
-/// `floor(part / whole * 2^20)` for `part < whole`, by restoring division: no 64-bit
-/// division routine (about 1 KiB of flash on a 32-bit MCU) and no 128-bit product.
+/// `ceil(part / whole * 2^31)` for `part < whole` (at most `2^31 - 1`), by restoring
+/// division: no 64-bit division routine (about 1 KiB of flash on a 32-bit MCU) and no
+/// 128-bit product. Rounding up makes `g * q / 2^31`, rounded down, exact whenever the
+/// exact share is a whole number of microseconds.
 const fn binary_fraction(part: u64, whole: u64) -> u32 {
     // Halve both until a doubled remainder cannot overflow; the ratio barely moves.
     let (mut part, mut whole) = (part, whole);
@@ -237,6 +241,9 @@ const fn binary_fraction(part: u64, whole: u64) -> u32 {
             q |= 1;
         }
         bit = bit.wrapping_add(1);
+    }
+    if rem != 0 && q < (1 << FRACTION_BITS) - 1 {
+        q = q.wrapping_add(1);
     }
     q
 }
@@ -315,7 +322,11 @@ impl ConfigBuilder {
         if c.renew_interval.as_micros() >= window.as_micros() {
             return Err(ConfigError::RenewIntervalNotBelowSafeWindow);
         }
-        if c.renew_interval.saturating_add(c.request_timeout).as_micros() >= window.as_micros() {
+        if c.renew_interval
+            .saturating_add(c.request_timeout)
+            .as_micros()
+            >= window.as_micros()
+        {
             return Err(ConfigError::RenewalNotAnsweredInsideSafeWindow);
         }
         let mut c = c;
@@ -363,11 +374,20 @@ mod tests {
     fn the_renewal_cadence_follows_the_granted_ttl() {
         let c = Config::builder(ms(900)).build().unwrap();
         assert_eq!(c.renew_interval_for(ms(900)), ms(300));
-        // A third of the grant, rounded down by at most a microsecond.
-        for granted in [ms(300), ms(450), ms(3_000), Duration::from_secs(86_400), Duration::MAX] {
+        // A third of the grant: exact where that is whole microseconds, otherwise
+        // late by at most 1 + g / 2^31 µs.
+        assert_eq!(c.renew_interval_for(ms(300)), ms(100));
+        assert_eq!(c.renew_interval_for(ms(3_000)), ms(1_000));
+        for granted in [
+            ms(450),
+            Duration::from_micros(1_000_001),
+            Duration::from_secs(86_400),
+            Duration::MAX,
+        ] {
             let third = granted.as_micros() / 3;
             let got = c.renew_interval_for(granted).as_micros();
-            assert!(got <= third && third - got <= 1 + third / 1_000_000, "{granted:?}: {got}");
+            let slack = 1 + granted.as_micros() / (1 << 31);
+            assert!(got >= third && got - third <= slack, "{granted:?}: {got}");
         }
     }
 
@@ -376,8 +396,14 @@ mod tests {
         // T = 900 ms: margin 45, request timeout 90; a grant of g renews at g/3.
         let c = Config::builder(ms(900)).build().unwrap();
         assert!(c.accepts_grant(ms(900)));
-        assert!(c.accepts_grant(ms(300)), "300/3 + 90 = 190 < 300 - 0.3 - 45");
-        assert!(!c.accepts_grant(ms(200)), "200/3 + 90 = 156.7 > 200 - 0.2 - 45");
+        assert!(
+            c.accepts_grant(ms(300)),
+            "300/3 + 90 = 190 < 300 - 0.3 - 45"
+        );
+        assert!(
+            !c.accepts_grant(ms(200)),
+            "200/3 + 90 = 156.7 > 200 - 0.2 - 45"
+        );
         assert!(!c.accepts_grant(Duration::ZERO));
         assert!(!c.accepts_grant(ms(40)));
     }

@@ -548,9 +548,11 @@ impl Lease {
             if let Some(kind) = self.in_flight.take() {
                 self.flags.set(Flags::ACTION_PENDING, false);
                 match kind {
-                    RequestKind::Acquire => {
-                        self.acquire_failed(now, AcquireFailure::Indeterminate(Indeterminate::Timeout), gate)
-                    }
+                    RequestKind::Acquire => self.acquire_failed(
+                        now,
+                        AcquireFailure::Indeterminate(Indeterminate::Timeout),
+                        gate,
+                    ),
                     RequestKind::Renew => {
                         self.renew_indeterminate(now, Indeterminate::Timeout, gate)
                     }
@@ -704,10 +706,7 @@ impl Lease {
     /// the earliest timer in the table.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        TIMERS
-            .iter()
-            .filter_map(|&timer| self.timer(timer))
-            .min()
+        TIMERS.iter().filter_map(|&timer| self.timer(timer)).min()
     }
 
     // ----- internals -----
@@ -824,9 +823,17 @@ impl Lease {
     fn renew_answered(&mut self, now: Instant, outcome: RenewOutcome, gate: &WriteGate) {
         match outcome {
             RenewOutcome::Renewed { ttl } => {
-                // A renewal sets the service's expiry to (handling time + ttl), which
-                // may be earlier than the deadline the gate holds: then the term ends.
-                match self.config.safe_deadline(self.sent_at, ttl) {
+                // A renewal sets the service's expiry to (handling time + ttl), and
+                // never applies less than asked (the granted TTL). It is counted as
+                // the TTL asked even if the service applied more: another renewal of
+                // this term, delayed in the network and handled later, may still set
+                // the expiry to its own handling time + the TTL asked.
+                let counted = if ttl < self.granted {
+                    ttl
+                } else {
+                    self.granted
+                };
+                match self.config.safe_deadline(self.sent_at, counted) {
                     Some(deadline) if ttl >= self.granted && deadline >= self.deadline => {
                         self.hold(deadline, now, EventKind::Renewed, gate);
                     }
@@ -842,7 +849,13 @@ impl Lease {
     /// An answer to a renewal of this term that is no longer in flight (it timed out,
     /// or a newer one superseded it). It extends nothing, but it can prove the lease
     /// is gone or shortened.
-    fn late_renewal(&mut self, now: Instant, id: RequestId, outcome: RenewOutcome, gate: &WriteGate) {
+    fn late_renewal(
+        &mut self,
+        now: Instant,
+        id: RequestId,
+        outcome: RenewOutcome,
+        gate: &WriteGate,
+    ) {
         let this_term = term_of(id.0) == self.term() && id.0 <= self.last_id;
         if !(this_term && self.is_held()) {
             return;
@@ -906,15 +919,21 @@ impl Lease {
         self.emit(EventKind::AcquireFailed(reason, true));
     }
 
-    /// `interval` times a factor in [0.5, 1.5), from the xorshift state.
+    /// `interval` times a factor in [0.5, 1.5], from the xorshift state.
     fn jittered(&mut self, interval: Duration) -> Duration {
         let mut x = self.jitter;
         x ^= x << 13;
         x ^= x >> 17;
         x ^= x << 5;
         self.jitter = x;
-        // 20 random bits as parts per million (capped just below one million).
-        let ppm = (x >> 12).min(999_999);
+        // Mix (murmur3's finaliser), so that seeds close together spread out at once,
+        // then scale the top 20 bits to parts per million (a multiply and a shift).
+        let mut y = x ^ (x >> 16);
+        y = y.wrapping_mul(0x85eb_ca6b);
+        y ^= y >> 13;
+        y = y.wrapping_mul(0xc2b2_ae35);
+        y ^= y >> 16;
+        let ppm = ((u64::from(y >> 12) * 1_000_000) >> 20) as u32;
         Duration::from_micros(interval.as_micros() >> 1).saturating_add(interval.ppm_ceil(ppm))
     }
 

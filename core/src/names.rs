@@ -73,7 +73,10 @@ impl fmt::Display for KeyError {
                 write!(f, "invalid key: {len} bytes, the limit is {MAX_KEY_LEN}")
             }
             KeyError::Brace { at } => {
-                write!(f, "invalid key: a brace at byte {at} (braces are reserved for hash tags)")
+                write!(
+                    f,
+                    "invalid key: a brace at byte {at} (braces are reserved for hash tags)"
+                )
             }
             KeyError::Control { at } => write!(f, "invalid key: a control character at byte {at}"),
         }
@@ -130,8 +133,7 @@ impl Identity {
             let c = if c.is_control() { '?' } else { c };
             let mut utf8 = [0; 4];
             let encoded = c.encode_utf8(&mut utf8).as_bytes();
-            let Some(slots) = identity.buf.get_mut(len..len.saturating_add(encoded.len()))
-            else {
+            let Some(slots) = identity.buf.get_mut(len..len.saturating_add(encoded.len())) else {
                 break;
             };
             slots.copy_from_slice(encoded);
@@ -208,7 +210,10 @@ impl fmt::Display for IdentityError {
                 Identity::CAPACITY
             ),
             IdentityError::Control { at } => {
-                write!(f, "invalid holder identity: a control character at byte {at}")
+                write!(
+                    f,
+                    "invalid holder identity: a control character at byte {at}"
+                )
             }
         }
     }
@@ -251,7 +256,10 @@ mod tests {
 
     #[test]
     fn identities_are_bounded_and_printable() {
-        assert_eq!(Identity::new("host-7:4711").unwrap().as_str(), "host-7:4711");
+        assert_eq!(
+            Identity::new("host-7:4711").unwrap().as_str(),
+            "host-7:4711"
+        );
         assert!(Identity::new("").unwrap().is_empty());
         let full = "é".repeat(32);
         assert_eq!(Identity::new(&full).unwrap().as_str(), full);
@@ -259,13 +267,13 @@ mod tests {
             Identity::new(&(full.clone() + "x")),
             Err(IdentityError::TooLong { len: 65 })
         );
-        assert_eq!(
-            Identity::new("a\tb"),
-            Err(IdentityError::Control { at: 1 })
-        );
+        assert_eq!(Identity::new("a\tb"), Err(IdentityError::Control { at: 1 }));
         // Read back from a service: never fails, cut on a character boundary.
         assert_eq!(Identity::lossy(&(full.clone() + "é")).as_str(), full);
-        assert_eq!(Identity::lossy(&("x".to_string() + &full)).as_str().len(), 63);
+        assert_eq!(
+            Identity::lossy(&("x".to_string() + &full)).as_str().len(),
+            63
+        );
         assert_eq!(Identity::lossy("a\u{7}b").as_str(), "a?b");
     }
 }

@@ -219,6 +219,27 @@ impl Duration {
     }
 }
 
+/// From the standard library's duration (`core::time::Duration`, the same type as
+/// `std::time::Duration`), rounded down to whole microseconds and saturating at
+/// [`Duration::MAX`]: the one conversion the adapters use.
+impl From<core::time::Duration> for Duration {
+    fn from(d: core::time::Duration) -> Duration {
+        let micros = d.as_micros();
+        Duration::from_micros(if micros > u64::MAX as u128 {
+            u64::MAX
+        } else {
+            micros as u64
+        })
+    }
+}
+
+/// To the standard library's duration; exact.
+impl From<Duration> for core::time::Duration {
+    fn from(d: Duration) -> core::time::Duration {
+        core::time::Duration::from_micros(d.as_micros())
+    }
+}
+
 /// `a + b`, clamped to `u64::MAX`: what `Instant + Duration` and `Duration + Duration`
 /// do.
 ///
@@ -392,6 +413,22 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn converts_to_and_from_the_standard_duration() {
+        let std_ms = core::time::Duration::from_millis(1_500);
+        assert_eq!(Duration::from(std_ms), Duration::from_millis(1_500));
+        assert_eq!(
+            core::time::Duration::from(Duration::from_millis(1_500)),
+            std_ms
+        );
+        // Rounded down to microseconds; saturating.
+        assert_eq!(
+            Duration::from(core::time::Duration::from_nanos(1_999)),
+            Duration::from_micros(1)
+        );
+        assert_eq!(Duration::from(core::time::Duration::MAX), Duration::MAX);
     }
 
     #[test]

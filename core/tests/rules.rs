@@ -1,4 +1,6 @@
-//! One test per rule of DESIGN §4, written as timelines with explicit instants.
+//! One test per rule of `leasehold::rules` (core/RULES.md), written as timelines with
+//! explicit instants; the `contract_*` tests pin down the service contract's TTL
+//! semantics, final refusals and bounded acquires as the core follows them.
 //!
 //! Config used unless a test says otherwise: T = 900 ms, renew every 300 ms, request
 //! timeout 90 ms, retry every 45 ms, margin 45 ms, drift 1,000 ppm (0.9 ms of 900 ms).
@@ -67,7 +69,7 @@ impl Rig {
             ttl,
         };
         self.lease
-            .handle_acquire_response(now, id, granted, &self.gate)
+            .handle_response(now, id, granted.into(), &self.gate)
             .unwrap();
     }
 
@@ -84,7 +86,7 @@ impl Rig {
     #[track_caller]
     fn renew_answer(&mut self, now: Instant, id: RequestId, outcome: RenewOutcome) {
         self.lease
-            .handle_renew_response(now, id, outcome, &self.gate)
+            .handle_response(now, id, outcome.into(), &self.gate)
             .unwrap();
     }
 
@@ -166,14 +168,15 @@ fn rule1_a_success_after_its_own_safe_deadline_is_not_a_success() {
     let id = r.renewal_due(at(300));
     let deadline_before = r.lease.deadline();
     r.renew_answer(at(400), id, RenewOutcome::Renewed { ttl: ms(100) });
-    assert_eq!(r.lease.deadline(), deadline_before, "not extended");
-    assert!(matches!(
-        r.drain_events().as_slice(),
-        [Event::RenewFailed {
-            reason: Indeterminate::LateSuccess,
-            ..
+    // 300 + 100 ms is long past: the service may have expired the key already.
+    assert_eq!(r.lease.state(), State::Lost(LossReason::Shortened));
+    assert!(r.gate.snapshot().unwrap().deadline <= deadline_before.unwrap());
+    assert_eq!(
+        r.drain_events(),
+        [Event::Lost {
+            reason: LossReason::Shortened
         }]
-    ));
+    );
 }
 
 #[test]
@@ -299,7 +302,7 @@ fn rule3_never_retries_past_the_safe_deadline() {
                 sent_after_deadline += 1;
             }
             if let Action::Renew { id, .. } = action {
-                let _ = r.lease.handle_renew_response(now, id, BLIP, &r.gate);
+                let _ = r.lease.handle_response(now, id, BLIP.into(), &r.gate);
             }
         }
         if matches!(r.lease.state(), State::Lost(_)) {
@@ -441,7 +444,7 @@ fn rule6_a_failed_or_timed_out_release_still_ends_released() {
         match answer {
             Some(outcome) => r
                 .lease
-                .handle_release_response(at(110), id, outcome, &r.gate)
+                .handle_response(at(110), id, outcome.into(), &r.gate)
                 .unwrap(),
             None => {
                 assert_eq!(r.lease.poll_timeout(), Some(at(190)));
@@ -470,7 +473,7 @@ fn rule6_releasing_while_acquiring_frees_a_grant_that_may_have_happened() {
     };
     assert_eq!(
         r.lease
-            .handle_acquire_response(at(6), acquire, granted, &r.gate),
+            .handle_response(at(6), acquire, granted.into(), &r.gate),
         Err(StaleResponse)
     );
     assert!(r.check(at(6)).is_err());
@@ -523,13 +526,13 @@ fn rule8_stale_responses_are_ignored_counted_and_extend_nothing() {
     // The timed-out renewal answers late: ignored, even though it says "renewed".
     assert_eq!(
         r.lease
-            .handle_renew_response(at(440), old, RENEWED, &r.gate),
+            .handle_response(at(440), old, RENEWED.into(), &r.gate),
         Err(StaleResponse)
     );
     // An unknown id; the acquire answered twice; the wrong kind of answer.
     assert_eq!(
         r.lease
-            .handle_renew_response(at(441), RequestId(999), RENEWED, &r.gate),
+            .handle_response(at(441), RequestId(999), RENEWED.into(), &r.gate),
         Err(StaleResponse)
     );
     let granted = AcquireOutcome::Granted {
@@ -538,12 +541,12 @@ fn rule8_stale_responses_are_ignored_counted_and_extend_nothing() {
     };
     assert_eq!(
         r.lease
-            .handle_acquire_response(at(442), first_acquire, granted, &r.gate),
+            .handle_response(at(442), first_acquire, granted.into(), &r.gate),
         Err(StaleResponse)
     );
     assert_eq!(
         r.lease
-            .handle_release_response(at(443), current, ReleaseOutcome::Released, &r.gate),
+            .handle_response(at(443), current, ReleaseOutcome::Released.into(), &r.gate),
         Err(StaleResponse)
     );
     assert_eq!(r.lease.deadline(), deadline);
@@ -565,7 +568,7 @@ fn rule8_answers_from_a_previous_term_cannot_reopen_the_gate() {
     let _ = r.start(at(400));
     assert_eq!(
         r.lease
-            .handle_renew_response(at(401), old_renewal, RENEWED, &r.gate),
+            .handle_response(at(401), old_renewal, RENEWED.into(), &r.gate),
         Err(StaleResponse)
     );
     assert_eq!(r.lease.state(), State::Acquiring);
@@ -583,7 +586,7 @@ fn time_going_backwards_is_clamped_and_never_extends_a_deadline() {
     r.renew_answer(at(50), id, RENEWED);
     // The deadline counts from the real send time; nothing moved back.
     assert_eq!(r.lease.deadline(), Some(at_us(400_000 + WINDOW_US)));
-    assert_eq!(r.lease.now(), at(400));
+    assert_eq!(r.lease.latest_instant(), at(400));
     // And a timer call with an old instant is harmless.
     r.lease.handle_timeout(at(0), &r.gate);
     assert_eq!(r.lease.state(), State::Holding);
@@ -606,7 +609,7 @@ fn handle_timeout_is_idempotent_and_never_leaves_a_timer_in_the_past() {
 #[test]
 fn rule9_each_config_violation_has_its_own_error() {
     let t = ms(900);
-    let cases: [(ConfigBuilder, ConfigError); 10] = [
+    let cases: [(ConfigBuilder, ConfigError); 11] = [
         (Config::builder(Duration::ZERO), ConfigError::ZeroTtl),
         (
             Config::builder(t).renew_interval(Duration::ZERO),
@@ -641,6 +644,10 @@ fn rule9_each_config_violation_has_its_own_error() {
             Config::builder(t).margin(ms(400)).renew_interval(ms(500)),
             ConfigError::RenewIntervalNotBelowSafeWindow,
         ),
+        (
+            Config::builder(t).request_timeout(ms(600)),
+            ConfigError::RenewalNotAnsweredInsideSafeWindow,
+        ),
     ];
     for (builder, expected) in cases {
         assert_eq!(builder.build(), Err(expected));
@@ -666,12 +673,12 @@ fn rule10_budget_sizes_the_ttl_from_the_lessons_numbers() {
         Err(BudgetError {
             ttl: ms(400),
             required: ms(400),
-            failing_term: BudgetTerm::Margin
+            failing_term: BudgetPart::Margin
         })
     );
     assert_eq!(
         budget.check(ms(360)).unwrap_err().failing_term,
-        BudgetTerm::PauseBudget
+        BudgetPart::PauseBudget
     );
     assert_eq!(budget.check(ms(600)), Ok(()));
     let config = Config::builder(ms(600))
@@ -682,4 +689,436 @@ fn rule10_budget_sizes_the_ttl_from_the_lessons_numbers() {
     // The error says which term does not fit.
     let message = budget.check(ms(300)).unwrap_err().to_string();
     assert!(message.contains("pause budget"), "{message}");
+}
+
+// ----- The contract's TTL semantics: a renewal replaces the expiry -------------------
+//
+// A renewal sets the service's expiry to (handling time + r), r >= the TTL asked.
+// An answer with r < asked breaks that, and the core cannot know what the renewals it
+// never heard back from did: whenever such an answer arrives, the term ends.
+
+/// A renewal at 300 ms times out at 390 ms (retry due at 435 ms); its answer
+/// arrives late at `late` and confirms `ttl`.
+#[track_caller]
+fn late_renewal_answer(ttl: Duration, late: Instant) -> Rig {
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 5);
+    let first = r.renewal_due(at(300));
+    r.lease.handle_timeout(at(390), &r.gate);
+    assert_eq!(r.lease.state(), State::RenewPending);
+    assert_eq!(r.check(at(390)), Ok(Fence(5)));
+    if late >= at(435) {
+        let _retry = r.renewal_due(at(435));
+    }
+    let _ = r.drain_events();
+    let answer = RenewOutcome::Renewed { ttl };
+    assert_eq!(
+        r.lease.handle_response(late, first, answer.into(), &r.gate),
+        Err(StaleResponse),
+        "the late answer is not the request in flight"
+    );
+    r
+}
+
+#[test]
+fn contract_a_late_renewal_confirming_a_shorter_ttl_closes_the_gate_at_once() {
+    for ttl in [Duration::ZERO, ms(40), ms(899)] {
+        for late in [at(400), at(440)] {
+            let mut r = late_renewal_answer(ttl, late);
+            assert_eq!(
+                r.lease.state(),
+                State::Lost(LossReason::Shortened),
+                "{ttl} {late}"
+            );
+            assert_eq!(
+                r.check(late),
+                Err(GateError::Lost(LossReason::Shortened)),
+                "{ttl} at {late}: the old deadline (854.1 ms) is no longer trusted"
+            );
+            assert!(matches!(
+                r.lease.poll_action(),
+                Some(Action::Release { .. })
+            ));
+            assert_eq!(
+                r.drain_events(),
+                [Event::Lost {
+                    reason: LossReason::Shortened
+                }]
+            );
+        }
+    }
+}
+
+#[test]
+fn contract_a_late_renewal_confirming_the_ttl_asked_changes_nothing() {
+    let r = late_renewal_answer(ms(900), at(400));
+    assert_eq!(r.lease.state(), State::RenewPending);
+    assert_eq!(
+        r.lease.deadline(),
+        Some(at_us(WINDOW_US)),
+        "not extended either"
+    );
+    assert_eq!(r.check(at(400)), Ok(Fence(5)));
+    assert_eq!(r.lease.stats().stale_responses, 1);
+}
+
+#[test]
+fn contract_an_in_time_renewal_confirming_less_than_asked_ends_the_term() {
+    // ttl 0: nothing left at all. ttl 600: the deadline would still move forward
+    // (300 + 600 - 0.6 - 45 = 854.4 > 854.1 ms), but a service that applies less than
+    // asked may have shortened a renewal whose answer is lost, so it cannot be trusted.
+    for ttl in [Duration::ZERO, ms(40), ms(600)] {
+        let mut r = Rig::new();
+        r.hold(at(0), at(1), 5);
+        let id = r.renewal_due(at(300));
+        r.renew_answer(at(301), id, RenewOutcome::Renewed { ttl });
+        assert_eq!(r.lease.state(), State::Lost(LossReason::Shortened), "{ttl}");
+        assert_eq!(
+            r.check(at(301)),
+            Err(GateError::Lost(LossReason::Shortened))
+        );
+    }
+}
+
+#[test]
+fn contract_a_renewal_that_is_never_answered_keeps_the_gate_open_only_until_the_deadline() {
+    // Unanswered, the renewal sent at 300 ms expires at 300 + 900 ms at the earliest
+    // (r >= asked): the deadline of the grant, 854.1 ms, stays the last safe instant.
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 5);
+    let _ = r.renewal_due(at(300));
+    assert_eq!(r.check(at_us(WINDOW_US - 1)), Ok(Fence(5)));
+    assert!(r.check(at_us(WINDOW_US)).is_err());
+}
+
+// ----- A grant other than asked: the cadence follows the granted TTL ---------------
+
+#[test]
+fn contract_a_reduced_grant_is_renewed_every_third_of_the_grant() {
+    let mut r = Rig::new();
+    let id = r.start(at(0));
+    r.grant(at(1), id, 5, ms(300));
+    // 300 - 0.3 (drift) - 45 (margin).
+    assert_eq!(r.lease.deadline(), Some(at_us(254_700)));
+    assert_eq!(
+        r.lease.poll_timeout(),
+        Some(at(100)),
+        "granted / 3, not T / 3"
+    );
+    assert!(matches!(
+        r.drain_events().as_slice(),
+        [Event::Acquired { granted, .. }] if *granted == ms(300)
+    ));
+    r.lease.handle_timeout(at(100), &r.gate);
+    let Some(Action::Renew { id, ttl, .. }) = r.lease.poll_action() else {
+        panic!("no renewal at 100 ms")
+    };
+    assert_eq!(ttl, ms(300), "renewals ask for the granted TTL");
+    r.renew_answer(at(110), id, RenewOutcome::Renewed { ttl: ms(300) });
+    assert_eq!(r.lease.deadline(), Some(at_us(354_700)));
+    assert_eq!(r.lease.poll_timeout(), Some(at(200)));
+}
+
+#[test]
+fn contract_a_longer_grant_is_renewed_every_third_of_the_grant() {
+    // etcd raises a TTL below its minimum: asked 900 ms, granted 2 s.
+    let mut r = Rig::new();
+    let id = r.start(at(0));
+    r.grant(at(1), id, 5, ms(2_000));
+    let renew_at = r.lease.poll_timeout().unwrap();
+    assert!(
+        (at_us(666_665)..=at_us(666_667)).contains(&renew_at),
+        "{renew_at}"
+    );
+    r.lease.handle_timeout(renew_at, &r.gate);
+    assert!(matches!(
+        r.lease.poll_action(),
+        Some(Action::Renew { ttl, .. }) if ttl == ms(2_000)
+    ));
+}
+
+#[test]
+fn contract_a_grant_too_short_to_renew_is_refused_and_released() {
+    // 150 ms: renewal at 50, timeout at 140 > 150 - 0.15 - 45 = 104.85 ms.
+    let mut r = Rig::new();
+    let id = r.start(at(0));
+    r.grant(at(1), id, 5, ms(150));
+    assert_eq!(
+        r.lease.state(),
+        State::NotAcquired(AcquireFailure::GrantTooShort)
+    );
+    assert_eq!(
+        r.check(at(1)),
+        Err(GateError::NotHeld),
+        "the gate never opened"
+    );
+    assert!(matches!(
+        r.lease.poll_action(),
+        Some(Action::Release { .. })
+    ));
+    assert_eq!(
+        r.drain_events(),
+        [Event::AcquireFailed {
+            reason: AcquireFailure::GrantTooShort,
+            retry_at: None
+        }]
+    );
+    // No retry: the service would grant the same again.
+    r.lease.handle_timeout(at(1_000), &r.gate);
+    assert_eq!(r.lease.poll_action(), None);
+}
+
+// ----- Release after an acquire whose outcome is unknown ---------------------------
+
+#[test]
+fn contract_release_after_an_unanswered_acquire_sends_a_release() {
+    let mut r = Rig::new();
+    let _ = r.start(at(0));
+    r.lease.handle_timeout(at(90), &r.gate);
+    assert!(matches!(
+        r.drain_events().as_slice(),
+        [Event::AcquireFailed {
+            reason: AcquireFailure::Indeterminate(Indeterminate::Timeout),
+            retry_at: Some(_)
+        }]
+    ));
+    r.lease.release(at(100), &r.gate).unwrap();
+    assert_eq!(r.lease.state(), State::Releasing);
+    let Some(Action::Release { id, term }) = r.lease.poll_action() else {
+        panic!("the acquire may have been granted: a release must go out")
+    };
+    assert_eq!(term, Term(1));
+    r.lease
+        .handle_response(at(105), id, ReleaseOutcome::Released.into(), &r.gate)
+        .unwrap();
+    assert_eq!(r.lease.state(), State::Released);
+}
+
+#[test]
+fn contract_release_after_every_acquire_was_answered_no_sends_nothing() {
+    let mut r = Rig::new();
+    let id = r.start(at(0));
+    let held = AcquireOutcome::HeldByAnother(Holder {
+        identity: Identity::new("other:1").unwrap(),
+        fence: Fence(4),
+        remaining: ms(700),
+    });
+    r.lease
+        .handle_response(at(2), id, held.into(), &r.gate)
+        .unwrap();
+    r.lease.release(at(10), &r.gate).unwrap();
+    assert_eq!(r.lease.state(), State::Released);
+    assert_eq!(r.lease.poll_action(), None);
+}
+
+// ----- NOT_OWNER to an older renewal of the current term ---------------------------
+
+#[test]
+fn contract_not_owner_to_an_older_renewal_after_a_newer_success_ends_the_term() {
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 5);
+    let older = r.renewal_due(at(300));
+    r.lease.handle_timeout(at(390), &r.gate);
+    let newer = r.renewal_due(at(435));
+    r.renew_answer(at(440), newer, RENEWED);
+    assert_eq!(r.lease.state(), State::Holding);
+    let _ = r.drain_events();
+    // Under owner-and-fence compare, "not owner" means the grant was deleted or
+    // replaced after the newer OK was produced (renewals never re-create a key).
+    assert_eq!(
+        r.lease
+            .handle_response(at(450), older, RenewOutcome::NotOwner.into(), &r.gate),
+        Err(StaleResponse)
+    );
+    assert_eq!(r.lease.state(), State::Lost(LossReason::NotOwner));
+    assert_eq!(r.check(at(450)), Err(GateError::Lost(LossReason::NotOwner)));
+    assert_eq!(
+        r.lease.poll_action(),
+        None,
+        "no release: the key is not ours"
+    );
+}
+
+#[test]
+fn contract_not_owner_from_a_previous_term_stays_stale() {
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 5);
+    let old = r.renewal_due(at(300));
+    r.lease.release(at(310), &r.gate).unwrap();
+    let release = r.lease.poll_action().unwrap().id();
+    r.lease
+        .handle_response(at(311), release, ReleaseOutcome::Released.into(), &r.gate)
+        .unwrap();
+    r.hold(at(400), at(401), 6);
+    assert_eq!(
+        r.lease
+            .handle_response(at(402), old, RenewOutcome::NotOwner.into(), &r.gate),
+        Err(StaleResponse)
+    );
+    assert_eq!(r.check(at(402)), Ok(Fence(6)));
+}
+
+// ----- A revocation notice at or after the deadline is stale -----------------------
+
+#[test]
+fn contract_a_revocation_at_or_after_the_deadline_is_stale_and_counted() {
+    for fence in [Fence(4), Fence(5)] {
+        let mut r = Rig::new();
+        r.hold(at(0), at(1), 5);
+        assert_eq!(
+            r.lease.handle_revoked(at_us(WINDOW_US), fence, &r.gate),
+            Err(StaleResponse),
+            "{fence}"
+        );
+        assert_eq!(r.lease.state(), State::Lost(LossReason::Expired));
+        assert_eq!(r.lease.stats().stale_responses, 1);
+    }
+}
+
+// ----- Final refusals and bounded acquires ----------------------------------------
+
+#[test]
+fn contract_a_final_refusal_ends_the_acquire_at_once_whatever_the_bound() {
+    let mut r = Rig::new();
+    let id = r.start(at(0));
+    let refused = AcquireOutcome::Refused(Refusal::WrongType);
+    r.lease
+        .handle_response(at(2), id, refused.into(), &r.gate)
+        .unwrap();
+    assert_eq!(
+        r.lease.state(),
+        State::NotAcquired(AcquireFailure::Refused(Refusal::WrongType))
+    );
+    assert_eq!(
+        r.drain_events(),
+        [Event::AcquireFailed {
+            reason: AcquireFailure::Refused(Refusal::WrongType),
+            retry_at: None
+        }]
+    );
+    assert_eq!(
+        r.lease.poll_action(),
+        None,
+        "never retried, nothing to release"
+    );
+    assert_eq!(r.lease.poll_timeout(), None);
+    // A new term may start after it.
+    assert!(r.lease.acquire(at(10), &r.gate).is_ok());
+}
+
+#[test]
+fn contract_a_refused_renewal_ends_the_term() {
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 5);
+    let id = r.renewal_due(at(300));
+    r.renew_answer(at(301), id, RenewOutcome::Refused(Refusal::Unauthorized));
+    assert_eq!(r.lease.state(), State::Lost(LossReason::Refused));
+    assert_eq!(r.check(at(301)), Err(GateError::Lost(LossReason::Refused)));
+}
+
+#[test]
+fn contract_acquire_until_now_tries_once() {
+    let mut r = Rig::new();
+    r.lease.acquire_until(at(0), at(0), &r.gate).unwrap();
+    let id = r.lease.poll_action().unwrap().id();
+    let held = AcquireOutcome::HeldByAnother(Holder {
+        identity: Identity::EMPTY,
+        fence: Fence(1),
+        remaining: ms(500),
+    });
+    r.lease
+        .handle_response(at(3), id, held.into(), &r.gate)
+        .unwrap();
+    assert_eq!(
+        r.lease.state(),
+        State::NotAcquired(AcquireFailure::HeldByAnother)
+    );
+    assert_eq!(
+        r.lease.poll_action(),
+        None,
+        "answered no: nothing to release"
+    );
+}
+
+#[test]
+fn contract_a_bounded_acquire_gives_up_and_releases_what_may_have_been_granted() {
+    let mut r = Rig::new();
+    r.lease.acquire_until(at(0), at(200), &r.gate).unwrap();
+    let mut sent = vec![];
+    let mut now = at(0);
+    loop {
+        if let Some(action) = r.lease.poll_action() {
+            sent.push((now, action));
+        }
+        let _ = r.drain_events();
+        if matches!(r.lease.state(), State::NotAcquired(_)) {
+            break;
+        }
+        now = r.lease.poll_timeout().unwrap();
+        r.lease.handle_timeout(now, &r.gate);
+    }
+    // Every attempt timed out (no answers): the last one left the outcome unknown.
+    assert_eq!(
+        r.lease.state(),
+        State::NotAcquired(AcquireFailure::Indeterminate(Indeterminate::Timeout))
+    );
+    let acquires: Vec<_> = sent
+        .iter()
+        .filter(|(_, a)| matches!(a, Action::Acquire { .. }))
+        .map(|(t, _)| *t)
+        .collect();
+    assert!(acquires.iter().all(|t| *t < at(200)), "{acquires:?}");
+    assert!(now <= at(290), "the bound plus one request timeout: {now}");
+    // It may have been granted: the release is the last request, after the bound.
+    assert!(
+        matches!(sent.last(), Some((_, Action::Release { .. }))),
+        "{sent:?}"
+    );
+}
+
+#[test]
+fn contract_acquire_retries_are_jittered_around_the_retry_interval() {
+    let mut gaps = vec![];
+    for seed in 1..50u32 {
+        let mut lease =
+            Lease::new(Config::builder(ms(900)).build().unwrap()).with_jitter_seed(seed);
+        let gate = WriteGate::new();
+        lease.acquire(at(0), &gate).unwrap();
+        let id = lease.poll_action().unwrap().id();
+        let held = AcquireOutcome::HeldByAnother(Holder {
+            identity: Identity::EMPTY,
+            fence: Fence(1),
+            remaining: ms(500),
+        });
+        lease
+            .handle_response(at(0), id, held.into(), &gate)
+            .unwrap();
+        let retry = lease.poll_timeout().unwrap();
+        gaps.push(retry.as_micros());
+    }
+    // Between half and one and a half of the 45 ms retry interval, and spread out.
+    assert!(
+        gaps.iter().all(|g| (22_500..=67_500).contains(g)),
+        "{gaps:?}"
+    );
+    let (min, max) = (gaps.iter().min().unwrap(), gaps.iter().max().unwrap());
+    assert!(max - min > 30_000, "{gaps:?}");
+}
+
+#[test]
+fn contract_a_renewal_confirming_more_than_asked_counts_only_what_was_asked() {
+    // The renewal sent at 300 ms is answered with 5 s. The one sent at 300 ms is the
+    // newest, but an older renewal of the term still in the network, handled after
+    // it, may set the expiry to its own handling time + 900 ms.
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 5);
+    let id = r.renewal_due(at(300));
+    r.renew_answer(at(301), id, RenewOutcome::Renewed { ttl: ms(5_000) });
+    assert_eq!(r.lease.state(), State::Holding);
+    assert_eq!(r.lease.deadline(), Some(at_us(300_000 + WINDOW_US)));
+    assert_eq!(
+        r.lease.poll_timeout(),
+        Some(at(600)),
+        "cadence of the granted TTL"
+    );
 }

@@ -5,7 +5,21 @@
 
 use std::fmt::Display;
 
-use leasehold::{Fence, FenceGate, StaleFence};
+use leasehold::{Fence, FenceGate, Identity, Owner, StaleFence};
+use leasehold_tokio::AcquireOptions;
+
+/// Acquire options for the contender called `name` (one letter): a fixed owner token
+/// (so the retry jitter, seeded from the owner, and with it the whole timeline, is
+/// the same on every run) and `name` as the holder identity.
+pub fn contender(name: &str) -> AcquireOptions {
+    let mut owner = [0u8; 16];
+    for (slot, byte) in owner.iter_mut().zip(name.bytes().chain(*b"-example-owner")) {
+        *slot = byte;
+    }
+    AcquireOptions::new()
+        .owner(Owner(owner))
+        .identity(Identity::new(name).expect("a short printable name"))
+}
 
 /// Prints one timeline line.
 pub fn line(ms: u128, who: &str, what: impl Display) {

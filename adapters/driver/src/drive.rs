@@ -8,8 +8,8 @@ use core::task::{Context, Poll};
 
 use futures_util::future::{Either, FutureExt};
 use leasehold::{
-    AcquireFailure, AcquireOutcome, Action, AlreadyActive, Event, Fence, Holder, Identity,
-    Instant, Lease, LossReason, Owner, RequestId, Response, State, WriteGate,
+    AcquireFailure, AcquireOutcome, Action, AlreadyActive, Event, Fence, Holder, Identity, Instant,
+    Lease, LossReason, Owner, RequestId, Response, State, WriteGate,
 };
 
 use crate::{Clock, LocalLockService};

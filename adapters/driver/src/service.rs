@@ -28,17 +28,23 @@ use leasehold::{
 /// gone at that instant (its hard TTL is the only authority). A request is *handled*
 /// at one instant between its send time and the receipt of its answer.
 ///
-/// * **acquire** with `ttl` — if nobody holds `key`, sets its expiry to *handling time
-///   + g* and answers `Granted { fence, ttl: g }`. A service may grant a `g` other than
+/// * **acquire** with `ttl` — if nobody holds `key`, sets its expiry to
+///   *handling time + g* and answers `Granted { fence, ttl: g }`. A service may grant
+///   a `g` other than
 ///   the `ttl` asked for (its own minimum or maximum), but only here, and it reports
-///   the `g` it applied. The client derives everything from `g`: its safe deadline,
+///   the `g` it applied. The same `ttl` asked always gets the same `g` (a clamp to the
+///   service's bounds, never a mood), so a late duplicate of an acquire of the same
+///   term re-grants with the same `g`. The client derives everything from `g`: its safe deadline,
 ///   its renewal cadence (every g/3 by default), and the `ttl` of its renewals.
 /// * **renew** with `ttl` (the client always asks for the `g` of its grant) — if the
 ///   key is still held by `token` *with `fence`*, **replaces** its expiry with
 ///   *handling time + r* and answers `Renewed { ttl: r }`, where **`r ≥ ttl`**: a
 ///   renewal never applies less than it was asked for. Replacing means a renewal may
 ///   set an *earlier* expiry than the one before (`PEXPIRE` semantics); the client
-///   allows for that because its renewals never ask for less than the grant's `g`.
+///   allows for that because its renewals never ask for less than the grant's `g`,
+///   and it never counts on more than it asked for: if a renewal applies `r > ttl`,
+///   another renewal of the same term that was delayed in the network and is handled
+///   later may still set the expiry to *its* handling time + `ttl`.
 ///   An answer with `r < ttl` breaks this clause; the client then ends the term
 ///   ([`LossReason::Shortened`](leasehold::LossReason)) whenever the answer arrives,
 ///   in time or late, as it can no longer bound the expiry of any renewal it sent.

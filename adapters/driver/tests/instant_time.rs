@@ -8,10 +8,11 @@ use std::task::Poll;
 
 use futures::executor::block_on;
 use leasehold::{
-    AcquireOutcome, Config, Duration, Event, Fence, GateError, Instant, Lease, LossReason, Owner,
-    OwnerToken, ReleaseOutcome, RenewOutcome, WriteGate,
+    AcquireFailure, AcquireOutcome, Config, Duration, Event, Fence, GateError, Holder,
+    HolderOutcome, Identity, Instant, Lease, LossReason, Owner, OwnerToken, Refusal,
+    ReleaseOutcome, RenewOutcome, WriteGate,
 };
-use leasehold_driver::{run_term, Clock, LocalLockService, Target, TermEnd};
+use leasehold_driver::{run_term, Clock, LocalLockService, Report, Target, TermEnd};
 
 /// A sleep, when polled, jumps the clock to its deadline. The loop polls its timer
 /// last, so an answer that is ready wins over the jump.
@@ -29,22 +30,43 @@ impl Clock for JumpClock {
     }
 }
 
-/// One key; answers at once; can be told to start refusing renewals.
+/// One key; answers at once; can be told to start refusing renewals, or to refuse
+/// every acquire for good.
 #[derive(Default)]
 struct OneKey {
-    holder: RefCell<Option<OwnerToken>>,
+    holder: RefCell<Option<(OwnerToken, Identity)>>,
     fence: Cell<u64>,
     renewals: Cell<u32>,
     refuse_renewals_after: Cell<Option<u32>>,
+    refuse_acquires: Cell<Option<Refusal>>,
+}
+
+impl OneKey {
+    fn holder_token(&self) -> Option<OwnerToken> {
+        self.holder.borrow().map(|(token, _)| token)
+    }
 }
 
 impl LocalLockService for OneKey {
-    async fn acquire(&self, _key: &str, token: OwnerToken, ttl: Duration) -> AcquireOutcome {
-        let mut holder = self.holder.borrow_mut();
-        if holder.is_some() {
-            return AcquireOutcome::HeldByAnother;
+    async fn acquire(
+        &self,
+        _key: &str,
+        token: OwnerToken,
+        identity: &Identity,
+        ttl: Duration,
+    ) -> AcquireOutcome {
+        if let Some(why) = self.refuse_acquires.get() {
+            return AcquireOutcome::Refused(why);
         }
-        *holder = Some(token);
+        let mut holder = self.holder.borrow_mut();
+        if let Some((_, identity)) = *holder {
+            return AcquireOutcome::HeldByAnother(Holder {
+                identity,
+                fence: Fence(self.fence.get()),
+                remaining: ttl,
+            });
+        }
+        *holder = Some((token, *identity));
         self.fence.set(self.fence.get() + 1);
         AcquireOutcome::Granted {
             fence: Fence(self.fence.get()),
@@ -64,19 +86,28 @@ impl LocalLockService for OneKey {
             .get()
             .is_some_and(|n| self.renewals.get() > n);
         let current = Fence(self.fence.get());
-        if refused || *self.holder.borrow() != Some(token) || fence != current {
+        if refused || self.holder_token() != Some(token) || fence != current {
             RenewOutcome::NotOwner
         } else {
             RenewOutcome::Renewed { ttl }
         }
     }
     async fn release(&self, _key: &str, token: OwnerToken) -> ReleaseOutcome {
-        let mut holder = self.holder.borrow_mut();
-        if *holder == Some(token) {
-            *holder = None;
+        if self.holder_token() == Some(token) {
+            *self.holder.borrow_mut() = None;
             ReleaseOutcome::Released
         } else {
             ReleaseOutcome::NotOwner
+        }
+    }
+    async fn holder(&self, _key: &str) -> HolderOutcome {
+        match *self.holder.borrow() {
+            Some((_, identity)) => HolderOutcome::Held(Holder {
+                identity,
+                fence: Fence(self.fence.get()),
+                remaining: Duration::ZERO,
+            }),
+            None => HolderOutcome::Free,
         }
     }
 }
@@ -85,11 +116,14 @@ fn config() -> Config {
     Config::builder(Duration::from_millis(900)).build().unwrap()
 }
 
+static IDENTITY: Identity = Identity::EMPTY;
+
 fn target(service: &OneKey) -> Target<'_, OneKey> {
     Target {
         service,
         key: "k",
         owner: Owner([1; 16]),
+        identity: &IDENTITY,
     }
 }
 
@@ -117,8 +151,13 @@ fn renews_every_third_then_releases_on_request() {
         &gate,
         target(&service),
         &clock,
+        Instant::MAX,
         at_time(&clock, Instant::from_millis(1_000)),
-        |e| events.push((clock.now(), e)),
+        |report| {
+            if let Report::Event(e) = report {
+                events.push((clock.now(), e));
+            }
+        },
     ))
     .unwrap();
 
@@ -134,7 +173,7 @@ fn renews_every_third_then_releases_on_request() {
     assert_eq!(renewed, [300, 600, 900]);
     assert!(matches!(events.last(), Some((_, Event::Released))));
     assert_eq!(gate.check(clock.now()), Err(GateError::Released));
-    assert_eq!(*service.holder.borrow(), None, "the key was deleted");
+    assert_eq!(service.holder_token(), None, "the key was deleted");
 }
 
 #[test]
@@ -150,6 +189,7 @@ fn not_owner_ends_the_term_with_the_gate_closed() {
         &gate,
         target(&service),
         &clock,
+        Instant::MAX,
         std::future::pending(),
         |_| {},
     ))
@@ -175,6 +215,7 @@ fn a_running_term_cannot_be_driven_twice() {
         &gate,
         target(&service),
         &clock,
+        Instant::MAX,
         std::future::pending(),
         |_| {},
     ));
@@ -195,9 +236,73 @@ fn a_target_is_copy_for_any_service() {
             &gate,
             target,
             &clock,
+            Instant::MAX,
             std::future::ready(()),
             |_| {},
         ));
         assert_eq!(end, Ok(TermEnd::Released));
     }
+}
+
+#[test]
+fn a_held_key_is_reported_with_its_holder_and_the_wait_bound_ends_the_term() {
+    let service = OneKey::default();
+    let taken = Identity::new("other-host:77").unwrap();
+    *service.holder.borrow_mut() = Some((Owner([2; 16]).token(leasehold::Term(1)), taken));
+    service.fence.set(41);
+    let clock = JumpClock(Cell::new(Instant::ZERO));
+    let gate = WriteGate::new();
+    let mut lease = Lease::new(config());
+    let mut reports = Vec::new();
+
+    let end = block_on(run_term(
+        &mut lease,
+        &gate,
+        target(&service),
+        &clock,
+        Instant::from_millis(200),
+        std::future::pending(),
+        |report| reports.push(report),
+    ))
+    .unwrap();
+
+    assert_eq!(end, TermEnd::NotAcquired(AcquireFailure::HeldByAnother));
+    assert!(
+        clock.now() < Instant::from_millis(200),
+        "no attempt at or after the bound"
+    );
+    // Each answer: the holder first, then the lease's event.
+    assert!(matches!(
+        reports.first(),
+        Some(Report::HeldBy(Holder { identity, fence: Fence(41), .. })) if *identity == taken
+    ));
+    assert!(matches!(
+        reports.last(),
+        Some(Report::Event(Event::AcquireFailed { retry_at: None, .. }))
+    ));
+    assert_eq!(gate.check(clock.now()), Err(GateError::NotHeld));
+}
+
+#[test]
+fn a_final_refusal_ends_the_term_at_once() {
+    let service = OneKey::default();
+    service.refuse_acquires.set(Some(Refusal::Unauthorized));
+    let clock = JumpClock(Cell::new(Instant::ZERO));
+    let gate = WriteGate::new();
+    let mut lease = Lease::new(config());
+    let end = block_on(run_term(
+        &mut lease,
+        &gate,
+        target(&service),
+        &clock,
+        Instant::MAX,
+        std::future::pending(),
+        |_| {},
+    ))
+    .unwrap();
+    assert_eq!(
+        end,
+        TermEnd::NotAcquired(AcquireFailure::Refused(Refusal::Unauthorized))
+    );
+    assert_eq!(clock.now(), Instant::ZERO, "not retried");
 }

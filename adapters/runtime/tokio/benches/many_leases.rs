@@ -32,7 +32,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration as StdDuration;
 
 use leasehold::{
-    AcquireOutcome, Config, Duration, Fence, OwnerToken, ReleaseOutcome, RenewOutcome,
+    AcquireOutcome, Config, Duration, Fence, HolderOutcome, Identity, OwnerToken, ReleaseOutcome,
+    RenewOutcome,
 };
 use leasehold_driver::LockService;
 use leasehold_tokio::memory::MemoryService;
@@ -114,6 +115,7 @@ impl LockService for Probe {
         &self,
         key: &str,
         token: OwnerToken,
+        identity: &Identity,
         ttl: Duration,
     ) -> impl Future<Output = AcquireOutcome> + Send {
         let now = self.now_us();
@@ -121,7 +123,11 @@ impl LockService for Probe {
         if let Some(timeline) = &self.timeline {
             timeline.lock().unwrap().push((now as u32, 0));
         }
-        self.service.acquire(key, token, ttl)
+        self.service.acquire(key, token, identity, ttl)
+    }
+
+    fn holder(&self, key: &str) -> impl Future<Output = HolderOutcome> + Send {
+        self.service.holder(key)
     }
 
     fn renew(

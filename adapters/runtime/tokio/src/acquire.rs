@@ -1,11 +1,14 @@
 //! Starting a lease: [`acquire`] (wait while the key is held), [`try_acquire`] (give
-//! up on the first "held by another"), and [`acquire_with`] for options.
+//! up on the first refusal), and [`acquire_with`] for options (a wait bound, the
+//! owner, the holder identity).
 
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
-use leasehold::{Config, LossReason, Owner};
+use leasehold::{
+    AcquireFailure, Config, Holder, Identity, Indeterminate, KeyError, LossReason, Owner, Refusal,
+};
 use leasehold_driver::LockService;
 
 use crate::shared::Shared;
@@ -15,7 +18,8 @@ use crate::{task, trace, LeaseClock, LeaseHandle, LeaseState};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AcquireOptions {
     owner: Option<Owner>,
-    wait_while_held: bool,
+    identity: Option<Identity>,
+    max_wait: Option<std::time::Duration>,
 }
 
 impl Default for AcquireOptions {
@@ -25,11 +29,14 @@ impl Default for AcquireOptions {
 }
 
 impl AcquireOptions {
-    /// A random owner, waiting while the key is held by another.
+    /// A random owner, the identity `hostname:pid`, and no wait bound: keep trying
+    /// while the key is held or the service does not answer (final refusals still
+    /// end the acquire at once).
     pub const fn new() -> AcquireOptions {
         AcquireOptions {
             owner: None,
-            wait_while_held: true,
+            identity: None,
+            max_wait: None,
         }
     }
 
@@ -44,10 +51,20 @@ impl AcquireOptions {
         self
     }
 
-    /// Keep retrying (every `retry_interval`) while the key is held by another
-    /// (`true`, the default), or give up on the first such answer (`false`).
-    pub const fn wait_while_held(mut self, wait: bool) -> AcquireOptions {
-        self.wait_while_held = wait;
+    /// Store `identity` with the grant, for contenders and `holder()` queries to see
+    /// (default `hostname:pid`).
+    pub const fn identity(mut self, identity: Identity) -> AcquireOptions {
+        self.identity = Some(identity);
+        self
+    }
+
+    /// Give up when no attempt succeeded within `wait`: the acquire then fails with
+    /// [`AcquireError::Busy`] (the key was held) or [`AcquireError::Unavailable`] (the
+    /// service did not answer). `Duration::ZERO` tries once, like `flock -n`.
+    /// Retries are jittered around the config's `retry_interval`; an attempt in
+    /// flight at the bound is still awaited, for at most the request timeout.
+    pub const fn max_wait(mut self, wait: std::time::Duration) -> AcquireOptions {
+        self.max_wait = Some(wait);
         self
     }
 }
@@ -56,9 +73,24 @@ impl AcquireOptions {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum AcquireError {
-    /// The key is held by another owner (only with `wait_while_held(false)`, as
-    /// [`try_acquire`] does).
-    HeldByAnother,
+    /// The key breaks the key rules; nothing was sent.
+    InvalidKey(KeyError),
+    /// The service refused for good (invalid key, wrong type, credentials): retrying
+    /// cannot help.
+    Refused(Refusal),
+    /// The wait bound ran out and the key was held by another, last time we asked:
+    /// by this holder (if the service said).
+    Busy {
+        /// Who holds the key, with its fence and remaining TTL.
+        holder: Option<Holder>,
+    },
+    /// The wait bound ran out and the service's last answer left the outcome unknown
+    /// (down, unreachable, too slow, garbage). Any grant that may have happened was
+    /// released.
+    Unavailable(Indeterminate),
+    /// The service granted a TTL too short to renew safely with this config
+    /// ([`Config::accepts_grant`]); the grant was released unused.
+    GrantTooShort,
     /// The term ended before the lease could be used: a grant whose answer came
     /// after the safe deadline it allows is never opened to writes.
     Lost(LossReason),
@@ -71,7 +103,25 @@ pub enum AcquireError {
 impl fmt::Display for AcquireError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            AcquireError::HeldByAnother => f.write_str("the key is held by another owner"),
+            AcquireError::InvalidKey(why) => write!(f, "cannot acquire: {why}"),
+            AcquireError::Refused(why) => {
+                write!(f, "the lock service refused the acquire for good: {why}")
+            }
+            AcquireError::Busy { holder: Some(h) } => write!(
+                f,
+                "the key is held by {} (fence {}, {} ms left)",
+                h.identity,
+                h.fence.0,
+                h.remaining.as_millis()
+            ),
+            AcquireError::Busy { holder: None } => f.write_str("the key is held by another owner"),
+            AcquireError::Unavailable(why) => write!(
+                f,
+                "gave up waiting: the lock service did not answer ({why}); check that it is up and reachable"
+            ),
+            AcquireError::GrantTooShort => f.write_str(
+                "the lock service granted a TTL too short for this config; lower the request timeout or ask for a longer TTL",
+            ),
             AcquireError::Lost(reason) => write!(f, "the lease ended before use: {reason}"),
             AcquireError::DriverStopped => {
                 f.write_str("the lease driver stopped before the lease was granted")
@@ -85,17 +135,18 @@ impl fmt::Display for AcquireError {
 
 impl std::error::Error for AcquireError {}
 
-/// Acquires `key` on `service`, waiting (retrying every `retry_interval`) while
-/// another owner holds it, and keeps it renewed every `renew_interval` until it is
-/// lost, released, or the last [`LeaseHandle`] is dropped.
+/// Acquires `key` on `service`, waiting (retrying about every `retry_interval`,
+/// jittered) while another owner holds it or the service does not answer, and keeps
+/// it renewed (every third of the granted TTL by default) until it is lost,
+/// released, or the last [`LeaseHandle`] is dropped.
 ///
-/// The owner token is a fresh random 128-bit value. The lease is driven by a spawned
-/// tokio task; call this from within a runtime.
+/// A final refusal (invalid key, wrong type, credentials) returns at once. The owner
+/// token is a fresh random 128-bit value; the identity stored with the grant is
+/// `hostname:pid`. The lease is driven by a spawned tokio task; call this from within
+/// a runtime. Bound the wait with [`AcquireOptions::max_wait`].
 ///
 /// **Cancel-safe**: dropping the future stops the attempt; if the service may have
-/// granted the key already, a release is sent (best effort). Bound the wait with
-/// [`tokio::time::timeout`]. An attempt whose answers never come (service down)
-/// retries until dropped.
+/// granted the key already, a release is sent (best effort).
 pub fn acquire<S>(
     service: Arc<S>,
     key: &str,
@@ -107,11 +158,9 @@ where
     acquire_with(service, key, config, AcquireOptions::new())
 }
 
-/// Like [`acquire`], but gives up with [`AcquireError::HeldByAnother`] on the first
-/// answer saying another owner holds `key`.
-///
-/// An indeterminate answer (timeout, transport error) is retried: the key may have
-/// been granted, and a retry with the same owner token is answered idempotently.
+/// Like [`acquire`], but tries once: [`AcquireError::Busy`] if another owner holds
+/// `key`, [`AcquireError::Unavailable`] if the one attempt's outcome is unknown (a
+/// grant that may have happened is released). `flock -n`.
 pub fn try_acquire<S>(
     service: Arc<S>,
     key: &str,
@@ -124,7 +173,7 @@ where
         service,
         key,
         config,
-        AcquireOptions::new().wait_while_held(false),
+        AcquireOptions::new().max_wait(std::time::Duration::ZERO),
     )
 }
 
@@ -140,13 +189,20 @@ where
 {
     let key: Box<str> = key.into();
     async move {
+        leasehold::check_key(&key).map_err(AcquireError::InvalidKey)?;
         let owner = match options.owner {
             Some(owner) => owner,
             None => random_owner().ok_or(AcquireError::NoEntropy)?,
         };
-        let shared = Arc::new(Shared::new(key, owner, config, LeaseClock::start()));
+        let identity = options.identity.unwrap_or_else(default_identity);
+        let clock = LeaseClock::start();
+        let give_up_at = match options.max_wait {
+            Some(wait) => clock.now().saturating_add(leasehold::Duration::from(wait)),
+            None => leasehold::Instant::MAX,
+        };
+        let shared = Arc::new(Shared::new(key, owner, identity, config, clock));
         let mut attempt = Attempt(Some(Arc::clone(&shared)));
-        task::spawn(Arc::clone(&shared), service, !options.wait_while_held);
+        task::spawn(Arc::clone(&shared), service, give_up_at);
 
         let outcome = shared.wait_for(settled).await;
         if outcome.is_ok() {
@@ -158,13 +214,21 @@ where
 
 /// Whether the attempt is over, and how.
 fn settled(shared: &Shared) -> Option<Result<(), AcquireError>> {
-    if shared.refused() {
-        return Some(Err(AcquireError::HeldByAnother));
-    }
     // Once granted, hand out the handle even if the term already ended: the caller
     // sees the fence, and the handle reports the loss.
     if shared.granted().is_some() {
         return Some(Ok(()));
+    }
+    if let Some(failure) = shared.not_acquired() {
+        return Some(Err(match failure {
+            AcquireFailure::HeldByAnother => AcquireError::Busy {
+                holder: shared.last_holder(),
+            },
+            AcquireFailure::Indeterminate(why) => AcquireError::Unavailable(why),
+            AcquireFailure::Refused(why) => AcquireError::Refused(why),
+            // GrantTooShort, and any failure a newer core adds.
+            _ => AcquireError::GrantTooShort,
+        }));
     }
     match shared.state() {
         LeaseState::Acquiring => None,
@@ -182,6 +246,18 @@ impl Drop for Attempt {
             shared.request_release(trace::ReleaseWhy::AcquireCancelled);
         }
     }
+}
+
+/// `hostname:pid`, cut to fit: who holds a lease, in words a person can look up.
+pub(crate) fn default_identity() -> Identity {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    Identity::lossy(&format!("{host}:{}", std::process::id()))
 }
 
 /// A fresh 128-bit owner from the operating system's random generator.

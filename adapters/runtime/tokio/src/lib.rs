@@ -15,6 +15,14 @@ mod time;
 mod trace;
 
 pub use acquire::{acquire, acquire_with, try_acquire, AcquireError, AcquireOptions};
+// The core and driver types a tokio user needs, so that `leasehold-tokio` (plus a
+// service crate) is the only dependency to add.
 pub use handle::{CheckError, LeaseHandle};
+pub use leasehold::{
+    check_key, AcquireFailure, Config, ConfigBuilder, ConfigError, Duration, Fence, FenceGate,
+    GateError, Holder, Identity, Instant, KeyError, LossReason, Owner, OwnerToken, Refusal,
+    StaleFence,
+};
+pub use leasehold_driver::LockService;
 pub use state::{LeaseEnd, LeaseState, TimedEvent};
 pub use time::LeaseClock;

@@ -14,7 +14,10 @@ use std::task::{Context, Poll};
 
 use futures_util::task::AtomicWaker;
 
-use leasehold::{AcquireFailure, Config, Event, Fence, Owner, Term, WriteGate};
+use leasehold::{
+    AcquireFailure, Config, Event, Fence, Holder, Identity, Owner, OwnerToken, Term, WriteGate,
+};
+use leasehold_driver::Report;
 use tokio::sync::{broadcast, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
@@ -44,6 +47,7 @@ pub(crate) struct Shared {
     pub(crate) config: Config,
     pub(crate) key: Box<str>,
     pub(crate) owner: Owner,
+    pub(crate) identity: Identity,
     /// A [`stop`] value: raised by a release request or the driver's end.
     stop: AtomicU8,
     /// Live [`LeaseHandle`](crate::LeaseHandle)s; the last one to go releases.
@@ -65,8 +69,10 @@ struct Status {
     finished: bool,
     /// The fence and term of the grant, once granted.
     granted: Option<(Fence, Term)>,
-    /// A `try_acquire` gave up because the key is held by another.
-    refused: bool,
+    /// The acquire ended without a grant, and why.
+    not_acquired: Option<AcquireFailure>,
+    /// The holder named by the latest "held by another" answer.
+    last_holder: Option<Holder>,
     /// Created on first request, so that leases nobody observes stay small.
     token: Option<CancellationToken>,
     watch: Option<watch::Sender<LeaseState>>,
@@ -74,13 +80,20 @@ struct Status {
 }
 
 impl Shared {
-    pub(crate) fn new(key: Box<str>, owner: Owner, config: Config, clock: LeaseClock) -> Shared {
+    pub(crate) fn new(
+        key: Box<str>,
+        owner: Owner,
+        identity: Identity,
+        config: Config,
+        clock: LeaseClock,
+    ) -> Shared {
         Shared {
             gate: WriteGate::new(),
             clock,
             config,
             key,
             owner,
+            identity,
             stop: AtomicU8::new(stop::NONE),
             handles: AtomicUsize::new(0),
             release_waker: AtomicWaker::new(),
@@ -90,7 +103,8 @@ impl Shared {
                 end: None,
                 finished: false,
                 granted: None,
-                refused: false,
+                not_acquired: None,
+                last_holder: None,
                 token: None,
                 watch: None,
                 events: None,
@@ -125,8 +139,18 @@ impl Shared {
         self.status().granted
     }
 
-    pub(crate) fn refused(&self) -> bool {
-        self.status().refused
+    pub(crate) fn not_acquired(&self) -> Option<AcquireFailure> {
+        self.status().not_acquired
+    }
+
+    pub(crate) fn last_holder(&self) -> Option<Holder> {
+        self.status().last_holder
+    }
+
+    /// The owner token this lease presents (every handle runs one term).
+    pub(crate) fn token(&self) -> OwnerToken {
+        let term = self.granted().map_or(Term(1), |(_, term)| term);
+        self.owner.token(term)
     }
 
     pub(crate) fn finished(&self) -> bool {
@@ -209,21 +233,29 @@ impl Shared {
             first
         };
         if first {
-            trace::release_requested(self, why);
+            trace::release_requested(&self.key, self.token(), why);
         }
         self.changed.notify_waiters();
         self.release_waker.wake();
     }
 
-    /// The driver saw `event` at `at`: update the state, tell subscribers.
-    pub(crate) fn publish(&self, event: Event, at: tokio::time::Instant, give_up_if_held: bool) {
+    /// The driver reported `report` at `at`: update the state, tell subscribers.
+    pub(crate) fn publish(&self, report: Report, at: tokio::time::Instant) {
+        let event = match report {
+            Report::Event(event) => event,
+            Report::HeldBy(holder) => {
+                self.status().last_holder = Some(holder);
+                return;
+            }
+            // Reports a newer driver adds are not for the handles.
+            _ => return,
+        };
         let timed = TimedEvent {
             at,
             lease_time: self.clock.to_lease(at),
             event,
         };
-        trace::event(self, &timed);
-        let mut refuse = false;
+        trace::event(&self.key, self.token(), &timed);
         {
             let mut status = self.status();
             let next = match event {
@@ -231,13 +263,16 @@ impl Shared {
                     term,
                     fence,
                     deadline,
+                    ..
                 } => {
                     status.granted = Some((fence, term));
                     Some(LeaseState::Holding { fence, deadline })
                 }
-                Event::AcquireFailed { reason, .. } => {
-                    refuse = give_up_if_held && reason == AcquireFailure::HeldByAnother;
-                    status.refused |= refuse;
+                Event::AcquireFailed {
+                    reason,
+                    retry_at: None,
+                } => {
+                    status.not_acquired = Some(reason);
                     None
                 }
                 Event::Renewed { deadline } => status
@@ -271,9 +306,6 @@ impl Shared {
             }
         }
         self.changed.notify_waiters();
-        if refuse {
-            self.request_release(trace::ReleaseWhy::HeldByAnother);
-        }
     }
 
     /// The driver task is over (returned, panicked, or dropped with its runtime). If the
@@ -291,7 +323,7 @@ impl Shared {
             stopped
         };
         if stopped {
-            trace::driver_stopped(self);
+            trace::driver_stopped(&self.key, self.token());
         }
         self.changed.notify_waiters();
     }

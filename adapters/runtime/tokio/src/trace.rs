@@ -5,8 +5,13 @@
 //! being retried is `warn`; a loss and a driver gone before the term ended are `error`
 //! (writes stopped, a caller may be mid-work). Every event carries the key, the owner
 //! token and, once granted, the fence.
+//!
+//! The functions take plain values (key, token), not the lease's shared state, so
+//! this module depends on nothing of the adapter but [`TimedEvent`].
 
-use crate::shared::Shared;
+#[cfg(not(feature = "tracing"))]
+use leasehold::OwnerToken;
+
 use crate::TimedEvent;
 
 /// Why a release was requested.
@@ -18,40 +23,31 @@ pub(crate) enum ReleaseWhy {
     LastHandleDropped,
     /// The acquire future was dropped before it completed.
     AcquireCancelled,
-    /// `try_acquire` found the key held by another.
-    HeldByAnother,
 }
 
 #[cfg(feature = "tracing")]
 mod on {
-    use std::fmt;
-
-    use leasehold::{Event, Term};
+    use leasehold::{Event, OwnerToken};
     use tracing::{debug, error, trace, warn};
 
-    use super::{ReleaseWhy, Shared, TimedEvent};
+    use super::{ReleaseWhy, TimedEvent};
 
-    /// The owner token, rendered only if an event is actually recorded.
-    struct Token<'a>(&'a Shared);
-
-    impl fmt::Display for Token<'_> {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            let term = self.0.granted().map_or(Term(1), |(_, term)| term);
-            fmt::Display::fmt(&self.0.owner.token(term), f)
-        }
-    }
-
-    pub(crate) fn event(shared: &Shared, timed: &TimedEvent) {
-        let key = &*shared.key;
-        let token = Token(shared);
+    pub(crate) fn event(key: &str, token: OwnerToken, timed: &TimedEvent) {
         let at = timed.lease_time;
         match timed.event {
             Event::Acquired {
                 fence, deadline, ..
             } => debug!(key, %token, %at, fence = fence.0, %deadline, "lease acquired"),
-            Event::AcquireFailed { reason, retry_at } => {
-                debug!(key, %token, %at, ?reason, %retry_at, "acquire attempt failed, retrying")
+            Event::AcquireFailed {
+                reason,
+                retry_at: Some(retry_at),
+            } => {
+                debug!(key, %token, %at, %reason, %retry_at, "acquire attempt failed, retrying")
             }
+            Event::AcquireFailed {
+                reason,
+                retry_at: None,
+            } => debug!(key, %token, %at, %reason, "acquire gave up"),
             Event::Renewed { deadline } => trace!(key, %token, %at, %deadline, "lease renewed"),
             Event::RenewFailed {
                 reason,
@@ -70,14 +66,12 @@ mod on {
         }
     }
 
-    pub(crate) fn release_requested(shared: &Shared, why: ReleaseWhy) {
-        debug!(key = &*shared.key, token = %Token(shared), ?why,
-            "release requested: writes stopped");
+    pub(crate) fn release_requested(key: &str, token: OwnerToken, why: ReleaseWhy) {
+        debug!(key, %token, ?why, "release requested: writes stopped");
     }
 
-    pub(crate) fn driver_stopped(shared: &Shared) {
-        error!(key = &*shared.key, token = %Token(shared),
-            "lease driver stopped before the term ended: writes stopped");
+    pub(crate) fn driver_stopped(key: &str, token: OwnerToken) {
+        error!(key, %token, "lease driver stopped before the term ended: writes stopped");
     }
 }
 
@@ -85,8 +79,8 @@ mod on {
 pub(crate) use on::{driver_stopped, event, release_requested};
 
 #[cfg(not(feature = "tracing"))]
-pub(crate) fn event(_: &Shared, _: &TimedEvent) {}
+pub(crate) fn event(_: &str, _: OwnerToken, _: &TimedEvent) {}
 #[cfg(not(feature = "tracing"))]
-pub(crate) fn release_requested(_: &Shared, _: ReleaseWhy) {}
+pub(crate) fn release_requested(_: &str, _: OwnerToken, _: ReleaseWhy) {}
 #[cfg(not(feature = "tracing"))]
-pub(crate) fn driver_stopped(_: &Shared) {}
+pub(crate) fn driver_stopped(_: &str, _: OwnerToken) {}

@@ -1,4 +1,4 @@
-//! DESIGN §4's rules, each checked through the tokio adapter on a paused clock, with
+//! The rules of `leasehold::rules` (core/RULES.md), each checked through the tokio adapter on a paused clock, with
 //! faults injected into the in-memory service.
 //!
 //! Unless a test says otherwise the lease is 900 ms: renew every 300 ms, request
@@ -376,7 +376,7 @@ async fn renewals_answered_after_their_timeout_never_extend_the_lease() {
     );
 }
 
-// ----- rule 10: the lesson's budget, and a pause outside it -----
+// ----- rule 10: a sized budget, and a pause outside it -----
 
 #[tokio::test(start_paused = true)]
 async fn a_pause_inside_the_budget_is_survived_and_one_far_outside_is_fenced() {

@@ -4,11 +4,14 @@
 //! server to start. It keeps the contract every backend keeps (see
 //! [`LocalLockService`](leasehold_driver::LocalLockService)): a hard TTL on tokio's clock
 //! (so tokio's paused time drives it too), a fence counter per key that only grows,
-//! owner-token compare on renew and release, and idempotent re-acquire by the same token.
+//! owner-token-and-fence compare on renew, owner-token compare on release, idempotent
+//! re-acquire by the same token, the holder's identity with every grant, and the key
+//! rules of [`leasehold::check_key`] (any other key is refused). It grants exactly the
+//! TTL asked for.
 //!
 //! Faults ([`Faults`]) make it behave like a service across a bad network: added
 //! latency, lost requests, lost answers, stalls, partitions — for every client or for
-//! one [`Owner`](leasehold::Owner). An operator's actions are there too: [`revoke`](MemoryService::revoke)
+//! one [`Owner`]. An operator's actions are there too: [`revoke`](MemoryService::revoke)
 //! deletes a key from outside (holders are notified through
 //! [`revoked`](leasehold_driver::LockService::revoked)), and
 //! [`expire_now`](MemoryService::expire_now) ends a grant as if its TTL ran out.
@@ -20,7 +23,10 @@ mod table;
 use std::future::Future;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use leasehold::{AcquireOutcome, Duration, Fence, OwnerToken, ReleaseOutcome, RenewOutcome};
+use leasehold::{
+    AcquireOutcome, Duration, Fence, HolderOutcome, Identity, Owner, OwnerToken, ReleaseOutcome,
+    RenewOutcome, Term,
+};
 use leasehold_driver::LockService;
 use tokio::sync::Notify;
 
@@ -34,7 +40,7 @@ use table::Table;
 /// An in-memory lock service for many keys, with fault injection.
 ///
 /// Share it as `Arc<MemoryService>` between contenders; tell clients apart for faults
-/// by their [`Owner`](leasehold::Owner) ([`LeaseHandle::owner`], or one you supply
+/// by their [`Owner`] ([`LeaseHandle::owner`], or one you supply
 /// with [`AcquireOptions::owner`]).
 ///
 /// Expiry is lazy: a grant whose TTL ran out is dropped when its key is next touched,
@@ -211,9 +217,10 @@ impl LockService for MemoryService {
         &self,
         key: &str,
         token: OwnerToken,
+        identity: &Identity,
         ttl: Duration,
     ) -> impl Future<Output = AcquireOutcome> + Send {
-        Request::new(self, key, token, Op::Acquire(std_duration(ttl)))
+        Request::new(self, key, token, Op::Acquire(std_duration(ttl), *identity))
     }
 
     fn renew(
@@ -228,6 +235,13 @@ impl LockService for MemoryService {
 
     fn release(&self, key: &str, token: OwnerToken) -> impl Future<Output = ReleaseOutcome> + Send {
         Request::new(self, key, token, Op::Release)
+    }
+
+    /// Answered like any request: faults that apply to every client apply to it.
+    fn holder(&self, key: &str) -> impl Future<Output = HolderOutcome> + Send {
+        // Nobody's token: only global faults touch a query.
+        let nobody = Owner([0; 16]).token(Term(0));
+        Request::new(self, key, nobody, Op::Holder)
     }
 
     /// Completes once `key`'s grant with `fence` was [revoked](MemoryService::revoke).

@@ -11,7 +11,10 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use leasehold::{AcquireOutcome, Fence, Indeterminate, OwnerToken, ReleaseOutcome, RenewOutcome};
+use leasehold::{
+    AcquireOutcome, Fence, HolderOutcome, Identity, Indeterminate, OwnerToken, Refusal,
+    ReleaseOutcome, RenewOutcome,
+};
 use tokio::time::Instant;
 
 use super::faults::Plan;
@@ -20,9 +23,10 @@ use super::{Inner, MemoryService};
 /// What a request asks for.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Op {
-    Acquire(std::time::Duration),
+    Acquire(std::time::Duration, Identity),
     Renew(Fence, std::time::Duration),
     Release,
+    Holder,
 }
 
 /// What the service answered, for any [`Op`].
@@ -31,6 +35,19 @@ pub(crate) enum Answer {
     Acquire(AcquireOutcome),
     Renew(RenewOutcome),
     Release(ReleaseOutcome),
+    Holder(HolderOutcome),
+}
+
+impl Answer {
+    /// The final refusal of `op` on a key that breaks the key rules.
+    fn refused(op: &Op, why: Refusal) -> Answer {
+        match op {
+            Op::Acquire(..) => Answer::Acquire(AcquireOutcome::Refused(why)),
+            Op::Renew(..) => Answer::Renew(RenewOutcome::Refused(why)),
+            Op::Release => Answer::Release(ReleaseOutcome::Refused(why)),
+            Op::Holder => Answer::Holder(HolderOutcome::Refused(why)),
+        }
+    }
 }
 
 /// The outcome type of one kind of request.
@@ -64,15 +81,27 @@ impl FromAnswer for ReleaseOutcome {
         }
     }
 }
+impl FromAnswer for HolderOutcome {
+    fn from_answer(answer: Answer) -> Self {
+        match answer {
+            Answer::Holder(outcome) => outcome,
+            _ => HolderOutcome::Indeterminate(Indeterminate::Protocol),
+        }
+    }
+}
 
 impl Inner {
     /// Carries out `op` at `now`.
     fn apply(&mut self, key: &str, token: OwnerToken, op: Op, now: Instant) -> Answer {
+        if leasehold::check_key(key).is_err() {
+            return Answer::refused(&op, Refusal::InvalidKey);
+        }
         match op {
-            Op::Acquire(ttl) => {
+            Op::Acquire(ttl, identity) => {
                 self.stats.acquires += 1;
-                Answer::Acquire(self.table.acquire(key, token, ttl, now))
+                Answer::Acquire(self.table.acquire(key, token, identity, ttl, now))
             }
+            Op::Holder => Answer::Holder(self.table.holder(key, now)),
             Op::Renew(fence, ttl) => {
                 self.stats.renewals += 1;
                 Answer::Renew(self.table.renew(key, token, fence, ttl, now))

@@ -4,7 +4,10 @@
 
 use std::collections::HashMap;
 
-use leasehold::{AcquireOutcome, Fence, OwnerToken, ReleaseOutcome, RenewOutcome};
+use leasehold::{
+    AcquireOutcome, Fence, Holder, HolderOutcome, Identity, OwnerToken, ReleaseOutcome,
+    RenewOutcome,
+};
 use tokio::time::Instant;
 
 /// A live grant of a key.
@@ -12,10 +15,28 @@ use tokio::time::Instant;
 pub struct Grant {
     /// Who holds it.
     pub token: OwnerToken,
+    /// Who holds it, in words.
+    pub identity: Identity,
     /// Its fence.
     pub fence: Fence,
     /// When the service expires it (its hard TTL), on tokio's clock.
     pub expires_at: Instant,
+}
+
+impl Grant {
+    /// The grant as a contender sees it at `now`.
+    fn holder(&self, now: Instant) -> Holder {
+        Holder {
+            identity: self.identity,
+            fence: self.fence,
+            remaining: core_duration(self.expires_at.saturating_duration_since(now)),
+        }
+    }
+}
+
+/// tokio's duration as the core's (microseconds, saturating).
+fn core_duration(d: std::time::Duration) -> leasehold::Duration {
+    leasehold::Duration::from_micros(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 /// One key. Kept after its grant ends, so that its fence counter never goes back.
@@ -57,28 +78,30 @@ impl Table {
         &mut self,
         key: &str,
         token: OwnerToken,
+        identity: Identity,
         ttl: std::time::Duration,
         now: Instant,
     ) -> AcquireOutcome {
         let key = self.key(key);
-        let ttl_granted =
-            leasehold::Duration::from_micros(u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX));
+        let ttl_granted = core_duration(ttl);
         match key.live(now) {
             // The same token again: an earlier attempt was granted but its answer got
             // lost. Grant again with the same fence.
             Some(grant) if grant.token == token => {
                 grant.expires_at = now + ttl;
+                grant.identity = identity;
                 AcquireOutcome::Granted {
                     fence: grant.fence,
                     ttl: ttl_granted,
                 }
             }
-            Some(_) => AcquireOutcome::HeldByAnother,
+            Some(grant) => AcquireOutcome::HeldByAnother(grant.holder(now)),
             None => {
                 key.last_fence += 1;
                 let fence = Fence(key.last_fence);
                 key.grant = Some(Grant {
                     token,
+                    identity,
                     fence,
                     expires_at: now + ttl,
                 });
@@ -103,9 +126,7 @@ impl Table {
             Some(grant) if grant.token == token && grant.fence == fence => {
                 grant.expires_at = now + ttl;
                 RenewOutcome::Renewed {
-                    ttl: leasehold::Duration::from_micros(
-                        u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX),
-                    ),
+                    ttl: core_duration(ttl),
                 }
             }
             _ => RenewOutcome::NotOwner,
@@ -123,6 +144,14 @@ impl Table {
                 ReleaseOutcome::Released
             }
             _ => ReleaseOutcome::NotOwner,
+        }
+    }
+
+    /// Who holds `key` at `now`.
+    pub(crate) fn holder(&mut self, key: &str, now: Instant) -> HolderOutcome {
+        match self.grant(key, now) {
+            Some(grant) => HolderOutcome::Held(grant.holder(now)),
+            None => HolderOutcome::Free,
         }
     }
 

@@ -5,7 +5,8 @@ use std::future::Future;
 use std::time::Duration as StdDuration;
 
 use leasehold::{
-    AcquireOutcome, Duration, Fence, Owner, OwnerToken, ReleaseOutcome, RenewOutcome, Term,
+    AcquireOutcome, Duration, Fence, Identity, Owner, OwnerToken, ReleaseOutcome, RenewOutcome,
+    Term,
 };
 use leasehold_driver::LockService;
 use tokio::time::Instant;
@@ -39,25 +40,40 @@ fn now_or_never<F: Future>(future: F) -> Option<F::Output> {
 #[tokio::test(start_paused = true)]
 async fn fences_strictly_increase_per_key_and_keys_are_independent() {
     let s = MemoryService::new();
-    assert_eq!(s.acquire("a", token(1), TTL).await, granted(1));
-    assert_eq!(s.acquire("b", token(2), TTL).await, granted(1));
+    assert_eq!(
+        s.acquire("a", token(1), &Identity::EMPTY, TTL).await,
+        granted(1)
+    );
+    assert_eq!(
+        s.acquire("b", token(2), &Identity::EMPTY, TTL).await,
+        granted(1)
+    );
     assert_eq!(s.release("a", token(1)).await, ReleaseOutcome::Released);
-    assert_eq!(s.acquire("a", token(3), TTL).await, granted(2));
+    assert_eq!(
+        s.acquire("a", token(3), &Identity::EMPTY, TTL).await,
+        granted(2)
+    );
     assert!(s.revoke("a").is_some());
-    assert_eq!(s.acquire("a", token(1), TTL).await, granted(3));
+    assert_eq!(
+        s.acquire("a", token(1), &Identity::EMPTY, TTL).await,
+        granted(3)
+    );
     assert_eq!(s.key_count(), 2);
 }
 
 #[tokio::test(start_paused = true)]
 async fn renew_and_release_compare_the_owner_token_including_the_term() {
     let s = MemoryService::new();
-    assert_eq!(s.acquire("k", token(1), TTL).await, granted(1));
+    assert_eq!(
+        s.acquire("k", token(1), &Identity::EMPTY, TTL).await,
+        granted(1)
+    );
     let same_owner_old_term = Owner([1; 16]).token(Term(0));
     for other in [token(2), same_owner_old_term] {
-        assert_eq!(
-            s.acquire("k", other, TTL).await,
-            AcquireOutcome::HeldByAnother
-        );
+        assert!(matches!(
+            s.acquire("k", other, &Identity::EMPTY, TTL).await,
+            AcquireOutcome::HeldByAnother(_)
+        ));
         assert_eq!(
             s.renew("k", other, Fence(1), TTL).await,
             RenewOutcome::NotOwner
@@ -78,9 +94,15 @@ async fn renew_and_release_compare_the_owner_token_including_the_term() {
 #[tokio::test(start_paused = true)]
 async fn reacquire_by_the_same_token_is_granted_again_with_the_same_fence() {
     let s = MemoryService::new();
-    assert_eq!(s.acquire("k", token(1), TTL).await, granted(1));
+    assert_eq!(
+        s.acquire("k", token(1), &Identity::EMPTY, TTL).await,
+        granted(1)
+    );
     tokio::time::advance(StdDuration::from_millis(500)).await;
-    assert_eq!(s.acquire("k", token(1), TTL).await, granted(1));
+    assert_eq!(
+        s.acquire("k", token(1), &Identity::EMPTY, TTL).await,
+        granted(1)
+    );
     assert_eq!(
         s.grant("k").unwrap().expires_at,
         Instant::now() + StdDuration::from_millis(900),
@@ -92,32 +114,44 @@ async fn reacquire_by_the_same_token_is_granted_again_with_the_same_fence() {
 async fn the_ttl_is_hard_counted_from_when_the_service_acted() {
     let s = MemoryService::new();
     let start = Instant::now();
-    assert_eq!(s.acquire("k", token(1), TTL).await, granted(1));
+    assert_eq!(
+        s.acquire("k", token(1), &Identity::EMPTY, TTL).await,
+        granted(1)
+    );
     assert_eq!(
         s.grant("k").unwrap().expires_at,
         start + StdDuration::from_millis(900)
     );
     tokio::time::advance(StdDuration::from_micros(899_999)).await;
-    assert_eq!(
-        s.acquire("k", token(2), TTL).await,
-        AcquireOutcome::HeldByAnother
-    );
+    assert!(matches!(
+        s.acquire("k", token(2), &Identity::EMPTY, TTL).await,
+        AcquireOutcome::HeldByAnother(_)
+    ));
     tokio::time::advance(StdDuration::from_micros(1)).await;
     assert_eq!(s.grant("k"), None);
     assert_eq!(
         s.renew("k", token(1), Fence(1), TTL).await,
         RenewOutcome::NotOwner
     );
-    assert_eq!(s.acquire("k", token(2), TTL).await, granted(2));
+    assert_eq!(
+        s.acquire("k", token(2), &Identity::EMPTY, TTL).await,
+        granted(2)
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn renew_compares_the_fence_so_a_recreated_grant_of_the_same_token_is_not_extended() {
     let s = MemoryService::new();
-    assert_eq!(s.acquire("k", token(1), TTL).await, granted(1));
+    assert_eq!(
+        s.acquire("k", token(1), &Identity::EMPTY, TTL).await,
+        granted(1)
+    );
     // Deleted from outside; a late duplicate of the same term's acquire re-creates it.
     assert!(s.revoke("k").is_some());
-    assert_eq!(s.acquire("k", token(1), TTL).await, granted(2));
+    assert_eq!(
+        s.acquire("k", token(1), &Identity::EMPTY, TTL).await,
+        granted(2)
+    );
     // The client still holds fence 1: its renewal must not keep fence 2 alive.
     assert_eq!(
         s.renew("k", token(1), Fence(1), TTL).await,
@@ -134,7 +168,10 @@ async fn latency_is_half_before_the_service_acts_and_half_after() {
     let s = MemoryService::new();
     s.set_latency(Scope::All, StdDuration::from_millis(60));
     let start = Instant::now();
-    assert_eq!(s.acquire("k", token(1), TTL).await, granted(1));
+    assert_eq!(
+        s.acquire("k", token(1), &Identity::EMPTY, TTL).await,
+        granted(1)
+    );
     assert_eq!(Instant::now(), start + StdDuration::from_millis(60));
     assert_eq!(
         s.grant("k").unwrap().expires_at,
@@ -146,17 +183,26 @@ async fn latency_is_half_before_the_service_acts_and_half_after() {
 async fn dropped_requests_are_never_carried_out_dropped_responses_are() {
     let s = MemoryService::new();
     s.drop_requests(Owner([1; 16]), 1);
-    let lost = tokio::time::timeout(StdDuration::from_millis(100), s.acquire("k", token(1), TTL));
+    let lost = tokio::time::timeout(
+        StdDuration::from_millis(100),
+        s.acquire("k", token(1), &Identity::EMPTY, TTL),
+    );
     assert!(lost.await.is_err(), "never answered");
     assert_eq!(s.grant("k"), None, "never carried out");
     assert_eq!(s.stats().lost_requests, 1);
 
     s.drop_responses(Owner([1; 16]), 1);
-    let lost = tokio::time::timeout(StdDuration::from_millis(100), s.acquire("k", token(1), TTL));
+    let lost = tokio::time::timeout(
+        StdDuration::from_millis(100),
+        s.acquire("k", token(1), &Identity::EMPTY, TTL),
+    );
     assert!(lost.await.is_err(), "never answered");
     assert_eq!(s.grant("k").unwrap().fence, Fence(1), "but carried out");
     // The counters are used up: the next request goes through.
-    assert_eq!(s.acquire("k", token(1), TTL).await, granted(1));
+    assert_eq!(
+        s.acquire("k", token(1), &Identity::EMPTY, TTL).await,
+        granted(1)
+    );
     assert_eq!(s.stats().lost_responses, 1);
 }
 
@@ -166,7 +212,7 @@ async fn a_stall_holds_requests_until_unstalled_then_carries_them_out() {
     s.stall(Scope::All);
     let pending = {
         let s = s.clone();
-        tokio::spawn(async move { s.acquire("k", token(1), TTL).await })
+        tokio::spawn(async move { s.acquire("k", token(1), &Identity::EMPTY, TTL).await })
     };
     tokio::time::sleep(StdDuration::from_secs(10)).await;
     assert_eq!(s.grant("k"), None);
@@ -180,15 +226,22 @@ async fn a_partition_loses_requests_even_after_it_heals_and_only_for_that_client
     s.partition(Owner([1; 16]));
     let cut_off = {
         let s = s.clone();
-        tokio::spawn(async move { s.acquire("k", token(1), TTL).await })
+        tokio::spawn(async move { s.acquire("k", token(1), &Identity::EMPTY, TTL).await })
     };
-    assert_eq!(s.acquire("other", token(2), TTL).await, granted(1));
+    assert_eq!(
+        s.acquire("other", token(2), &Identity::EMPTY, TTL).await,
+        granted(1)
+    );
     tokio::time::sleep(StdDuration::from_secs(1)).await;
     s.heal(Owner([1; 16]));
     tokio::time::sleep(StdDuration::from_secs(1)).await;
     assert!(!cut_off.is_finished());
     assert_eq!(s.grant("k"), None);
-    assert_eq!(s.acquire("k", token(1), TTL).await, granted(1), "healed");
+    assert_eq!(
+        s.acquire("k", token(1), &Identity::EMPTY, TTL).await,
+        granted(1),
+        "healed"
+    );
     cut_off.abort();
 }
 
@@ -198,14 +251,14 @@ async fn client_faults_add_to_global_ones() {
     s.set_latency(Scope::All, StdDuration::from_millis(10));
     s.set_latency(Owner([1; 16]), StdDuration::from_millis(20));
     let start = Instant::now();
-    s.acquire("a", token(1), TTL).await;
+    s.acquire("a", token(1), &Identity::EMPTY, TTL).await;
     assert_eq!(Instant::now(), start + StdDuration::from_millis(30));
-    s.acquire("b", token(2), TTL).await;
+    s.acquire("b", token(2), &Identity::EMPTY, TTL).await;
     assert_eq!(Instant::now(), start + StdDuration::from_millis(40));
     s.clear_faults();
     assert_eq!(s.faults(Owner([1; 16])), super::Faults::NONE);
     assert!(
-        now_or_never(s.acquire("c", token(1), TTL)).is_some(),
+        now_or_never(s.acquire("c", token(1), &Identity::EMPTY, TTL)).is_some(),
         "answered at once"
     );
 }
@@ -213,7 +266,10 @@ async fn client_faults_add_to_global_ones() {
 #[tokio::test(start_paused = true)]
 async fn revoke_notifies_the_holder_and_expire_now_does_not() {
     let s = MemoryService::new();
-    assert_eq!(s.acquire("k", token(1), TTL).await, granted(1));
+    assert_eq!(
+        s.acquire("k", token(1), &Identity::EMPTY, TTL).await,
+        granted(1)
+    );
     let mut watching = std::pin::pin!(s.revoked("k", token(1), Fence(1)));
     assert!(now_or_never(watching.as_mut()).is_none());
 
@@ -223,7 +279,10 @@ async fn revoke_notifies_the_holder_and_expire_now_does_not() {
         "an expiry is not announced"
     );
 
-    assert_eq!(s.acquire("k", token(1), TTL).await, granted(2));
+    assert_eq!(
+        s.acquire("k", token(1), &Identity::EMPTY, TTL).await,
+        granted(2)
+    );
     let mut second = std::pin::pin!(s.revoked("k", token(1), Fence(2)));
     assert!(now_or_never(second.as_mut()).is_none());
     assert_eq!(s.revoke("k").unwrap().fence, Fence(2));

@@ -12,7 +12,8 @@ use std::ops::Deref;
 use std::sync::{Arc, Mutex};
 
 use leasehold::{
-    AcquireOutcome, Config, Duration, Fence, OwnerToken, ReleaseOutcome, RenewOutcome,
+    AcquireOutcome, Config, Duration, Fence, HolderOutcome, Identity, OwnerToken, Refusal,
+    ReleaseOutcome, RenewOutcome,
 };
 use leasehold_driver::LockService;
 use leasehold_tokio::memory::MemoryService;
@@ -97,6 +98,9 @@ pub struct Recording {
     service: MemoryService,
     sent: Mutex<Vec<Sent>>,
     hook: Mutex<Option<Hook>>,
+    /// Answer every acquire with this final refusal (what a Redis with a wrong
+    /// password does), without asking the service.
+    refuse: Mutex<Option<Refusal>>,
 }
 
 impl Deref for Recording {
@@ -109,6 +113,11 @@ impl Deref for Recording {
 impl Recording {
     pub fn new() -> Arc<Recording> {
         Arc::new(Recording::default())
+    }
+
+    /// From now on, every acquire is refused for good with `why`.
+    pub fn refuse_acquires(&self, why: Refusal) {
+        *self.refuse.lock().unwrap() = Some(why);
     }
 
     /// Calls `hook` as each request is sent, before the service sees it.
@@ -158,10 +167,21 @@ impl LockService for Recording {
         &self,
         key: &str,
         token: OwnerToken,
+        identity: &Identity,
         ttl: Duration,
     ) -> impl Future<Output = AcquireOutcome> + Send {
         self.record(Kind::Acquire, token);
-        LockService::acquire(&self.service, key, token, ttl)
+        let refused = *self.refuse.lock().unwrap();
+        async move {
+            match refused {
+                Some(why) => AcquireOutcome::Refused(why),
+                None => LockService::acquire(&self.service, key, token, identity, ttl).await,
+            }
+        }
+    }
+
+    fn holder(&self, key: &str) -> impl Future<Output = HolderOutcome> + Send {
+        LockService::holder(&self.service, key)
     }
 
     fn renew(
