@@ -253,9 +253,12 @@ impl EtcdLockService {
         fence: Fence,
     ) -> Result<Renewed, EtcdLockError> {
         self.check_key(Op::KeepAlive, key)?;
+        let revision = i64::try_from(fence.0).ok();
         let held = match self.lookup(key, token) {
-            Some(held) => held,
-            None => match self.discover(key, token).await? {
+            Some(held) if Some(held.revision) == revision => held,
+            // Not known here, or known with another fence (another instance sharing
+            // nothing with this one may have made a newer grant): ask etcd.
+            _ => match self.discover(key, token).await? {
                 Ok(held) => held,
                 Err(why) => return Ok(Renewed::NotOwner(why)),
             },
@@ -263,7 +266,7 @@ impl EtcdLockService {
         // The key was deleted and created again for this same token (a late duplicate
         // acquire): a newer grant, which the client holding `fence` cannot write with.
         // Never keep it alive on that client's behalf.
-        if i64::try_from(fence.0).ok() != Some(held.revision) {
+        if Some(held.revision) != revision {
             return Ok(Renewed::NotOwner(NotHeld::NewerGrant));
         }
         self.extend(key, token, held).await

@@ -421,6 +421,21 @@ async fn renew_with_the_right_token_and_an_older_fence_is_not_owner() {
         service.try_renew("k", a, newer).await,
         Ok(Renewed::Extended { .. })
     ));
+
+    // The other way round: an instance that remembers the *older* grant is asked to
+    // renew the newer one (made through another instance): it asks etcd, and renews.
+    let (older, _, _) = granted(&service, "k2", a, ms(2_000)).await;
+    outside.delete("k2", None).await.unwrap();
+    let (newer, _, _) = granted(&fresh, "k2", a, ms(2_000)).await;
+    assert!(newer > older);
+    assert!(matches!(
+        service.try_renew("k2", a, newer).await,
+        Ok(Renewed::Extended { .. })
+    ));
+    assert_eq!(
+        service.try_renew("k2", a, older).await.unwrap(),
+        Renewed::NotOwner(NotHeld::NewerGrant)
+    );
 }
 
 /// A key deleted from outside leaves its lease alive: a keep-alive alone still
