@@ -10,18 +10,17 @@ use leasehold_driver::LockService;
 use crate::error::{ErrorKind, EtcdLockError};
 use crate::service::{Acquired, EtcdLockService, Released, Renewed, Revoked};
 
-/// A failed request as the contract sees it: a final refusal, or an unknown outcome.
+/// Logs a failed request: at error level what needs a person (a final refusal, an
+/// endpoint that is not etcd, bad settings), at warn level what
+/// may clear by itself. The cause goes in its own field.
 fn log_error(key: &str, err: &EtcdLockError) {
-    match err.kind() {
-        ErrorKind::Protocol
-        | ErrorKind::Config
-        | ErrorKind::Unauthorized
-        | ErrorKind::WrongType => {
-            tracing::error!(key, op = %err.op(), error = %err, cause = ?std::error::Error::source(err).map(ToString::to_string), "etcd lock request failed");
-        }
-        _ => {
-            tracing::warn!(key, op = %err.op(), error = %err, cause = ?std::error::Error::source(err).map(ToString::to_string), "etcd lock request failed");
-        }
+    let needs_a_person =
+        err.refusal().is_some() || matches!(err.kind(), ErrorKind::Protocol | ErrorKind::Config);
+    let cause = std::error::Error::source(err).map(ToString::to_string);
+    if needs_a_person {
+        tracing::error!(key, op = %err.op(), error = %err, ?cause, "etcd lock request failed");
+    } else {
+        tracing::warn!(key, op = %err.op(), error = %err, ?cause, "etcd lock request failed");
     }
 }
 

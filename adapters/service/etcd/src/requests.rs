@@ -1,7 +1,7 @@
 //! The typed requests: acquire, renew, release, holder, and the revocation watch.
 
 use etcd_client::proto::{PbKeyValue, PbTxnOpResponse, PbTxnResponse};
-use etcd_client::{Client, Compare, CompareOp, DeleteOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
 use leasehold::{Duration, Fence, Holder, Identity, OwnerToken};
 
 use crate::error::{ErrorKind, EtcdLockError, Op};
@@ -448,10 +448,7 @@ impl EtcdLockService {
                     Compare::value(key, CompareOp::Equal, kv.value),
                     Compare::lease(key, CompareOp::Equal, held.lease),
                 ])
-                .and_then([TxnOp::delete(
-                    key,
-                    Some(DeleteOptions::new().with_prev_key()),
-                )])
+                .and_then([TxnOp::delete(key, None)])
                 .or_else([TxnOp::get(key, None)]);
             let answer = self.txn(Op::Release, key, txn).await?.0;
             if answer.succeeded {
