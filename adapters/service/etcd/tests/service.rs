@@ -688,7 +688,11 @@ async fn an_unreachable_server_is_indeterminate_within_the_timeouts() {
         .await
         .expect("connecting is lazy");
     let started = std::time::Instant::now();
-    let outcome = LockService::acquire(&defaults, "k", a, &id, ms(2_000)).await;
+    let outcome = within(
+        10_000,
+        LockService::acquire(&defaults, "k", a, &id, ms(2_000)),
+    )
+    .await;
     let took = started.elapsed();
     eprintln!("default settings, nobody listening: {outcome:?} after {took:?}");
     assert!(
@@ -760,11 +764,13 @@ async fn an_unreachable_server_is_indeterminate_within_the_timeouts() {
 async fn connecting_with_a_user_to_nobody_fails_promptly() {
     let port = support::etcd::free_port();
     let started = std::time::Instant::now();
-    let err = EtcdLockService::builder([format!("127.0.0.1:{port}")])
+    let connecting = EtcdLockService::builder([format!("127.0.0.1:{port}")])
         .request_timeout(std_ms(300))
         .connect_timeout(std_ms(100))
         .user("app", "secret")
-        .connect()
+        .connect();
+    // A hang fails the test instead of stalling it.
+    let err = within(3_000, connecting)
         .await
         .expect_err("nobody to authenticate with");
     let took = started.elapsed();
@@ -795,7 +801,11 @@ async fn a_silent_server_times_out_never_hangs() {
         .expect("connecting is lazy");
     let a = token();
     let started = std::time::Instant::now();
-    let outcome = LockService::acquire(&service, "k", a, &identity("a"), ms(2_000)).await;
+    let outcome = within(
+        3_000,
+        LockService::acquire(&service, "k", a, &identity("a"), ms(2_000)),
+    )
+    .await;
     let took = started.elapsed();
     assert!(
         matches!(
@@ -806,11 +816,13 @@ async fn a_silent_server_times_out_never_hangs() {
     );
     assert!(took < std_ms(1_000), "{took:?}");
     let started = std::time::Instant::now();
-    let err = EtcdLockService::builder([endpoint.clone()])
+    let connecting = EtcdLockService::builder([endpoint.clone()])
         .request_timeout(std_ms(300))
         .connect_timeout(std_ms(200))
         .user("app", "secret")
-        .connect()
+        .connect();
+    // A hang fails the test instead of stalling it.
+    let err = within(3_000, connecting)
         .await
         .expect_err("nobody answers the authentication");
     let took = started.elapsed();
