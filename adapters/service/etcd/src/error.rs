@@ -210,7 +210,11 @@ impl EtcdLockError {
 
     /// What happened, with where (the endpoints).
     fn what(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let at = &self.endpoints;
+        let at: &str = if self.endpoints.is_empty() {
+            "(no endpoints)"
+        } else {
+            &self.endpoints
+        };
         match self.kind {
             ErrorKind::Transport => write!(f, "could not reach etcd at {at}"),
             ErrorKind::Timeout(Some(after)) => {

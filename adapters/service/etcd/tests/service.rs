@@ -978,6 +978,30 @@ async fn auth_refusals_are_final() {
     );
 }
 
+/// Settings that cannot work are a `Config` error from `connect`, at once, naming
+/// what was given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unusable_settings_fail_connect_with_a_config_error() {
+    let err = within(1_000, EtcdLockService::connect(Vec::<String>::new()))
+        .await
+        .expect_err("no endpoints");
+    assert_eq!(err.kind(), ErrorKind::Config, "{err:?}");
+    assert_eq!(
+        std::error::Error::source(&err).unwrap().to_string(),
+        "no endpoints given"
+    );
+    assert!(err.to_string().contains("(no endpoints)"), "{err}");
+    let err = within(1_000, EtcdLockService::connect(["http://bad host:2379"]))
+        .await
+        .expect_err("not a URI");
+    assert_eq!(err.kind(), ErrorKind::Config, "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("http://bad host:2379") && text.contains("host:port"),
+        "{text}"
+    );
+}
+
 /// A "server" that answers every connection with bytes that are not HTTP/2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_answers_are_indeterminate() {
