@@ -918,6 +918,17 @@ async fn auth_refusals_are_final() {
     admin.user_add("root", "rootpw", None).await.unwrap();
     admin.user_grant_role("root", "root").await.unwrap();
     admin.user_add("nobody", "pw", None).await.unwrap();
+    // The permission the README documents: read and write on the lock keys.
+    admin.role_add("locker").await.unwrap();
+    admin
+        .role_grant_permission(
+            "locker",
+            etcd_client::Permission::read_write("locks/").with_prefix(),
+        )
+        .await
+        .unwrap();
+    admin.user_add("locker", "pw", None).await.unwrap();
+    admin.user_grant_role("locker", "locker").await.unwrap();
     admin.auth_enable().await.unwrap();
     let endpoint = cluster.endpoint(0);
 
@@ -962,19 +973,44 @@ async fn auth_refusals_are_final() {
         );
     }
 
-    // With the right credentials it works.
-    let root = EtcdLockService::builder([endpoint])
-        .user("root", "rootpw")
+    // Read and write on the keys is all a user needs: acquire, holder, renew and
+    // release (whose lease revoke needs write on the lease's keys) all go through.
+    let locker = EtcdLockService::builder([endpoint])
+        .user("locker", "pw")
         .connect()
         .await
-        .expect("root");
-    let AcquireOutcome::Granted { .. } = LockService::acquire(&root, "k", a, &id, ms(2_000)).await
+        .expect("locker");
+    let AcquireOutcome::Granted { fence, ttl } =
+        LockService::acquire(&locker, "locks/k", a, &id, ms(2_000)).await
     else {
-        panic!("root is granted");
+        panic!("locker is granted its own keys");
     };
+    assert!(matches!(
+        LockService::holder(&locker, "locks/k").await,
+        HolderOutcome::Held(holder) if holder.fence == fence
+    ));
     assert_eq!(
-        LockService::release(&root, "k", a).await,
+        LockService::renew(&locker, "locks/k", a, fence, ttl).await,
+        RenewOutcome::Renewed { ttl }
+    );
+    assert_eq!(
+        LockService::release(&locker, "locks/k", a).await,
         ReleaseOutcome::Released
+    );
+    let mut root = etcd_client::Client::connect(
+        [cluster.endpoint(0)],
+        Some(etcd_client::ConnectOptions::new().with_user("root", "rootpw")),
+    )
+    .await
+    .unwrap();
+    assert!(
+        root.leases().await.unwrap().leases().is_empty(),
+        "the release revoked the lease"
+    );
+    assert_eq!(
+        LockService::acquire(&locker, "k", a, &id, ms(2_000)).await,
+        AcquireOutcome::Refused(Refusal::Unauthorized),
+        "but only its own keys"
     );
 }
 
