@@ -1,4 +1,6 @@
 #![doc = include_str!("../README.md")]
+// docs.rs only (`--cfg docsrs`, see Cargo.toml): label feature-gated items with their feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![cfg_attr(not(test), no_std)]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]

@@ -1,0 +1,108 @@
+//! What the caller tells the suite about the service under test.
+
+use leasehold::Duration;
+
+/// The service's limits, which the clauses adapt to (TTLs it can represent, how late
+/// it expires keys, whether it can watch).
+///
+/// Start from [`Capabilities::new`] and change the fields that differ:
+///
+/// ```
+/// use leasehold::Duration;
+/// use leasehold_conformance::Capabilities;
+///
+/// // etcd: whole-second leases, a minimum of 1 s, expiry checked every 500 ms.
+/// let mut etcd = Capabilities::new(Duration::from_secs(1));
+/// etcd.granularity = Duration::from_secs(1);
+/// etcd.min_ttl = Duration::from_secs(1);
+/// etcd.expiry_slack = Duration::from_millis(1_500);
+/// etcd.revocation_watch = true;
+/// assert!(etcd.check().is_ok());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// The TTL the clauses ask for. Clauses that wait out a TTL wait about this long
+    /// (twice, for the renewal clause), so keep it short on real servers. It must be
+    /// at least [`min_ttl`](Self::min_ttl) and a multiple of
+    /// [`granularity`](Self::granularity): the service must then grant it exactly.
+    pub ttl: Duration,
+    /// The shortest TTL the service applies as asked (etcd: its minimum lease TTL).
+    pub min_ttl: Duration,
+    /// TTLs the service applies are multiples of this (Redis: 1 ms; etcd: 1 s).
+    pub granularity: Duration,
+    /// How long after a key's expiry the service may still report it held: its own
+    /// expiry lag (etcd revokes expired leases on a 500 ms tick, through raft). Zero
+    /// for a service that expires on access (Redis) or on a virtual clock.
+    pub expiry_slack: Duration,
+    /// Every call must answer within this; a call that does not breaks the clause
+    /// ("no call may wait forever"). On tokio's paused clock this costs no real time.
+    pub request_timeout: Duration,
+    /// The service's [`revoked`](leasehold_driver::LocalLockService::revoked)
+    /// completes when a grant is gone (an etcd watch). Without it the suite only
+    /// checks that `revoked` never completes while the grant stands.
+    pub revocation_watch: bool,
+}
+
+impl Capabilities {
+    /// A service that applies any TTL to the millisecond, expires on time, cannot
+    /// watch, and answers within 5 s; the clauses ask for `ttl`.
+    pub const fn new(ttl: Duration) -> Capabilities {
+        Capabilities {
+            ttl,
+            min_ttl: Duration::from_millis(1),
+            granularity: Duration::from_millis(1),
+            expiry_slack: Duration::ZERO,
+            request_timeout: Duration::from_secs(5),
+            revocation_watch: false,
+        }
+    }
+
+    /// Whether the fields fit together; the reason if not.
+    pub fn check(&self) -> Result<(), String> {
+        if self.granularity.is_zero() {
+            return Err("granularity is zero".into());
+        }
+        if self.ttl < self.min_ttl {
+            return Err(format!(
+                "ttl {:?} is below min_ttl {:?}",
+                std_of(self.ttl),
+                std_of(self.min_ttl)
+            ));
+        }
+        if self.ttl.is_zero() || self.ttl.as_micros() % self.granularity.as_micros() != 0 {
+            return Err(format!(
+                "ttl {:?} is not a positive multiple of the granularity {:?}",
+                std_of(self.ttl),
+                std_of(self.granularity)
+            ));
+        }
+        if self.request_timeout.is_zero() {
+            return Err("request_timeout is zero".into());
+        }
+        Ok(())
+    }
+}
+
+/// The std form, for tokio's timers and for messages (`Debug` prints `1.5s`).
+pub(crate) fn std_of(d: Duration) -> std::time::Duration {
+    std::time::Duration::from_micros(d.as_micros())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_rejects_ttls_the_service_cannot_apply() {
+        let ms = Duration::from_millis;
+        assert!(Capabilities::new(ms(300)).check().is_ok());
+        let mut whole_seconds = Capabilities::new(ms(1_500));
+        whole_seconds.granularity = Duration::from_secs(1);
+        assert!(whole_seconds.check().unwrap_err().contains("multiple"));
+        let mut too_short = Capabilities::new(ms(500));
+        too_short.min_ttl = Duration::from_secs(1);
+        assert!(too_short.check().unwrap_err().contains("below min_ttl"));
+        assert!(Capabilities::new(Duration::ZERO).check().is_err());
+    }
+}

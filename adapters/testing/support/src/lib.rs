@@ -1,0 +1,42 @@
+//! What every leasehold integration test needs, in one place.
+//!
+//! * [`free_port`] — a loopback port nobody listens on, never handed out twice in
+//!   this process.
+//! * [`scratch_dir`] / [`fast_scratch_dir`] — temporary directories, removed on drop
+//!   (the fast one on `/dev/shm` where it exists, for servers that `fsync`).
+//! * [`binary`] — a server binary on `PATH`, or an error naming the Debian package
+//!   that provides it. Tests fail on a missing binary; they never skip.
+//! * [`RedisServer`] — a real `redis-server` on a free port: stop, kill, pause
+//!   (`SIGSTOP`), resume, restart on the same port and directory; killed on drop.
+//! * [`EtcdCluster`] — one or more real `etcd` members on loopback: stop, kill,
+//!   pause, resume, restart a member, find the leader; every member killed on drop.
+//! * [`Proxy`] — a loopback TCP proxy that forwards, stalls (stops forwarding, keeps
+//!   connections open), resumes, cuts every connection, retargets, or rewrites
+//!   replies.
+//! * [`Storage`] — the resource a lock protects: admits writes by fence, logs them.
+//! * [`wait_for`] — the bounded, event-driven wait used instead of bare sleeps.
+//!
+//! The starters are blocking (`std::process`, `std::thread::sleep` while waiting for
+//! the server to answer): call them before starting the code under test, or from
+//! `spawn_blocking`. The proxy needs a tokio runtime.
+
+#![warn(missing_docs)]
+
+mod binary;
+mod dirs;
+pub mod etcd;
+mod ports;
+mod process;
+pub mod proxy;
+pub mod redis;
+mod storage;
+mod wait;
+
+pub use binary::{binary, binary_in, MissingBinary};
+pub use dirs::{fast_scratch_dir, scratch_dir, ScratchDir};
+pub use etcd::{EtcdCluster, Timing};
+pub use ports::free_port;
+pub use proxy::{Proxy, ProxyMode};
+pub use redis::{RedisOptions, RedisServer, TlsFiles};
+pub use storage::Storage;
+pub use wait::wait_for;
