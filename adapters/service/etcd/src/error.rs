@@ -1,14 +1,21 @@
-//! Typed errors: what went wrong, precisely enough to log and to test.
+//! Typed errors: what failed, where, and what to do — precise enough to log and test.
+//!
+//! [`EtcdLockError`]'s `Display` gives the context (the request, the key, the etcd
+//! endpoints, what to do); [`source`](std::error::Error::source) gives the cause (the
+//! client's error, etcd's status, the key rule broken). Neither repeats the other, so
+//! a log line that prints the whole chain says each thing once.
 
+use std::error::Error as StdError;
 use std::fmt;
+use std::sync::Arc;
 
-use leasehold::Indeterminate;
+use leasehold::{Indeterminate, Refusal};
 
 /// Which request failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Op {
-    /// Connecting (building the client).
+    /// Connecting (building the client; authenticating if a user is set).
     Connect,
     /// The read of the key that starts an acquire.
     Read,
@@ -18,15 +25,16 @@ pub enum Op {
     Acquire,
     /// `LeaseKeepAlive` (a renewal, or the re-grant of an acquire whose answer was lost).
     KeepAlive,
-    /// `LeaseTimeToLive`, asked when a keep-alive stream refuses a lease.
+    /// `LeaseTimeToLive`: the holder's remaining TTL, or whether a refused lease is gone.
     TimeToLive,
-    /// The ownership check after a keep-alive (a read-only transaction comparing value,
-    /// create revision and lease).
+    /// The ownership check after a keep-alive (a read of the key).
     Check,
-    /// The release transaction (compare value → delete).
+    /// The release (a read of the key, then a compare-and-delete transaction).
     Release,
     /// `LeaseRevoke`.
     Revoke,
+    /// The holder query (a read of the key).
+    Holder,
     /// The revocation watch (its initial read, or the watch stream).
     Watch,
 }
@@ -35,190 +43,313 @@ impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Op::Connect => "connect",
-            Op::Read => "read key",
-            Op::Grant => "lease grant",
-            Op::Acquire => "acquire txn",
+            Op::Read => "acquire (read key)",
+            Op::Grant => "acquire (lease grant)",
+            Op::Acquire => "acquire (txn)",
             Op::KeepAlive => "lease keep-alive",
             Op::TimeToLive => "lease time-to-live",
-            Op::Check => "ownership check txn",
-            Op::Release => "release txn",
+            Op::Check => "ownership check",
+            Op::Release => "release",
             Op::Revoke => "lease revoke",
-            Op::Watch => "watch",
+            Op::Holder => "holder query",
+            Op::Watch => "revocation watch",
         })
     }
 }
 
-/// Why a request to etcd did not produce a definitive answer.
-///
-/// Every variant is an *unknown* outcome for the lease: the
-/// [`LockService`](leasehold_driver::LockService) impl turns it into
-/// [`Indeterminate`] (see [`EtcdLockError::indeterminate`]), logs it with `tracing`,
-/// and the lease retries inside its remaining budget. None of them is ever read as
-/// "granted" or "renewed".
-#[derive(Debug)]
+/// What kind of failure an [`EtcdLockError`] is; it decides what the lease sees
+/// ([`EtcdLockError::refusal`], [`EtcdLockError::indeterminate`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum EtcdLockError {
+pub enum ErrorKind {
     /// The connection failed: refused, reset, closed, no endpoint reachable.
-    Transport {
-        /// The request.
-        op: Op,
-        /// What the client said.
-        detail: String,
-    },
-    /// No answer within the configured request timeout.
-    Timeout {
-        /// The request.
-        op: Op,
-        /// The timeout that elapsed.
-        after: std::time::Duration,
-    },
-    /// etcd answered with an error of its own: `etcdserver: no leader`,
-    /// `etcdserver: request timed out`, `etcdserver: too many requests`, a permission
-    /// error…
-    Service {
-        /// The request.
-        op: Op,
-        /// The gRPC status code, e.g. `Unavailable`.
-        code: String,
-        /// etcd's message.
-        message: String,
-    },
-    /// etcd (or whatever answered) said something this client cannot interpret: a
-    /// missing field, an impossible revision, a reply that is not HTTP/2 gRPC.
-    Protocol {
-        /// The request.
-        op: Op,
-        /// What was wrong (truncated to 200 characters).
-        detail: String,
-    },
-    /// The request was not sent: the key or the TTL cannot be expressed.
-    InvalidRequest {
-        /// The request.
-        op: Op,
-        /// Why.
-        reason: &'static str,
-    },
-    /// The endpoints or the settings cannot be used. Only
-    /// [`Builder::connect`](crate::Builder::connect) returns it.
-    Config(String),
+    Transport,
+    /// No answer in time: `Some(after)` is our own bound that elapsed, `None` a gRPC
+    /// deadline reported by the transport.
+    Timeout(Option<std::time::Duration>),
+    /// etcd answered with an error of its own that may clear: no leader, request timed
+    /// out, too many requests, a cancelled watch…
+    Service,
+    /// The answer is not what etcd v3 sends: a missing field, an impossible revision,
+    /// a reply that is not HTTP/2 gRPC.
+    Protocol,
+    /// etcd refused the credentials (wrong password, no user given while auth is on)
+    /// or the permission asked for. Final: [`Refusal::Unauthorized`].
+    Unauthorized,
+    /// The key breaks the key rules ([`leasehold::check_key`]); nothing was sent.
+    /// Final: [`Refusal::InvalidKey`].
+    InvalidKey,
+    /// The key holds a value this crate did not write (not `<token>\n<identity>` on a
+    /// lease). Final: [`Refusal::WrongType`].
+    WrongType,
+    /// etcd cannot carry the request out as asked (a TTL above its maximum); nothing
+    /// was sent. Final: [`Refusal::Unsupported`].
+    Unsupported,
+    /// The endpoints or settings cannot be used (only from
+    /// [`Builder::connect`](crate::Builder::connect)).
+    Config,
 }
 
+/// A request to etcd that did not produce a definitive answer, or was refused for good.
+///
+/// Built by the service; read it with [`op`](Self::op), [`kind`](Self::kind),
+/// [`endpoints`](Self::endpoints), [`key`](Self::key) and the
+/// [`source`](std::error::Error::source) chain.
+pub struct EtcdLockError {
+    op: Op,
+    kind: ErrorKind,
+    endpoints: Arc<str>,
+    key: Option<Box<str>>,
+    source: Option<Box<dyn StdError + Send + Sync + 'static>>,
+}
+
+/// A cause that is a sentence of ours (what was wrong with an answer).
+#[derive(Debug)]
+struct Cause(String);
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl StdError for Cause {}
+
 impl EtcdLockError {
-    /// The request that failed.
-    pub fn op(&self) -> Op {
-        match self {
-            EtcdLockError::Transport { op, .. }
-            | EtcdLockError::Timeout { op, .. }
-            | EtcdLockError::Service { op, .. }
-            | EtcdLockError::Protocol { op, .. }
-            | EtcdLockError::InvalidRequest { op, .. } => *op,
-            EtcdLockError::Config(_) => Op::Connect,
+    /// An error of `kind` for `op` on the etcd at `endpoints`, without a cause yet.
+    pub(crate) fn new(op: Op, kind: ErrorKind, endpoints: &Arc<str>) -> EtcdLockError {
+        EtcdLockError {
+            op,
+            kind,
+            endpoints: endpoints.clone(),
+            key: None,
+            source: None,
         }
     }
 
-    /// The indeterminate outcome the lease sees for this error.
+    /// The same error, about `key`.
+    pub(crate) fn for_key(mut self, key: &str) -> EtcdLockError {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// The same error, caused by `source`.
+    pub(crate) fn caused_by(
+        mut self,
+        source: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
+    ) -> EtcdLockError {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// The same error, caused by what `detail` says (truncated to 200 bytes).
+    pub(crate) fn because(self, detail: impl fmt::Display) -> EtcdLockError {
+        self.caused_by(Cause(truncate(detail.to_string())))
+    }
+
+    /// An answer etcd would not send, for `op`, because of `detail`.
+    pub(crate) fn protocol(op: Op, endpoints: &Arc<str>, detail: impl fmt::Display) -> Self {
+        EtcdLockError::new(op, ErrorKind::Protocol, endpoints).because(detail)
+    }
+
+    /// Sorts a client error into transport, timeout, service, protocol or credential
+    /// trouble; the client error becomes the source.
+    pub(crate) fn from_client(op: Op, endpoints: &Arc<str>, err: etcd_client::Error) -> Self {
+        EtcdLockError::new(op, classify(&err), endpoints).caused_by(err)
+    }
+
+    /// The request that failed.
+    pub fn op(&self) -> Op {
+        self.op
+    }
+
+    /// What kind of failure it is.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The etcd endpoints the service talks to, as configured.
+    pub fn endpoints(&self) -> &str {
+        &self.endpoints
+    }
+
+    /// The key the request was about, if any.
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    /// The final refusal this error is, if it is one: the request can never succeed as
+    /// asked, and the lease never retries it.
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self.kind {
+            ErrorKind::Unauthorized => Some(Refusal::Unauthorized),
+            ErrorKind::InvalidKey => Some(Refusal::InvalidKey),
+            ErrorKind::WrongType => Some(Refusal::WrongType),
+            ErrorKind::Unsupported => Some(Refusal::Unsupported),
+            _ => None,
+        }
+    }
+
+    /// The unknown outcome the lease sees for an error that is not a
+    /// [`refusal`](Self::refusal).
     ///
-    /// | error | [`Indeterminate`] |
+    /// | kind | [`Indeterminate`] |
     /// |---|---|
     /// | `Transport` | `Transport` |
     /// | `Timeout` | `Timeout` |
     /// | `Service` | `Service` |
-    /// | `Protocol`, `InvalidRequest`, `Config` | `Protocol` |
+    /// | `Protocol`, `Config` (and the refusals) | `Protocol` |
     pub fn indeterminate(&self) -> Indeterminate {
-        match self {
-            EtcdLockError::Transport { .. } => Indeterminate::Transport,
-            EtcdLockError::Timeout { .. } => Indeterminate::Timeout,
-            EtcdLockError::Service { .. } => Indeterminate::Service,
-            EtcdLockError::Protocol { .. }
-            | EtcdLockError::InvalidRequest { .. }
-            | EtcdLockError::Config(_) => Indeterminate::Protocol,
+        match self.kind {
+            ErrorKind::Transport => Indeterminate::Transport,
+            ErrorKind::Timeout(_) => Indeterminate::Timeout,
+            ErrorKind::Service => Indeterminate::Service,
+            _ => Indeterminate::Protocol,
         }
     }
 
-    pub(crate) fn protocol(op: Op, detail: impl fmt::Display) -> EtcdLockError {
-        EtcdLockError::Protocol {
-            op,
-            detail: truncate(detail.to_string()),
-        }
-    }
-
-    /// Sorts a client error into transport, timeout, service or protocol trouble.
-    pub(crate) fn from_client(op: Op, err: etcd_client::Error) -> EtcdLockError {
-        use etcd_client::Error as E;
-        match err {
-            E::GRpcStatus(status) => EtcdLockError::from_status(op, &status),
-            E::TransportError(e) => EtcdLockError::Transport {
-                op,
-                detail: truncate(error_chain(&e)),
-            },
-            E::IoError(e) => EtcdLockError::Transport {
-                op,
-                detail: truncate(e.to_string()),
-            },
-            // The client's request channel into a stream closed: the stream is gone.
-            E::WatchError(e) | E::LeaseKeepAliveError(e) => EtcdLockError::Transport {
-                op,
-                detail: truncate(e),
-            },
-            E::InvalidArgs(e) | E::EndpointError(e) => EtcdLockError::Config(truncate(e)),
-            E::InvalidUri(e) => EtcdLockError::Config(e.to_string()),
-            other => EtcdLockError::protocol(op, other),
-        }
-    }
-
-    fn from_status(op: Op, status: &tonic::Status) -> EtcdLockError {
-        use tonic::Code;
-        let message = status.message();
-        let code = status.code();
-        // etcd's own errors: "etcdserver: no leader", "etcdserver: request timed out",
-        // "etcdserver: requested lease not found", "mvcc: required revision has been
-        // compacted", "auth: ..."; they come with various codes.
-        let from_etcd = ["etcdserver:", "mvcc:", "auth:", "lease:"]
-            .iter()
-            .any(|prefix| message.starts_with(prefix));
-        match code {
-            Code::DeadlineExceeded if !from_etcd => EtcdLockError::Timeout {
-                op,
-                after: std::time::Duration::ZERO,
-            },
-            _ if from_etcd => EtcdLockError::Service {
-                op,
-                code: format!("{code:?}"),
-                message: truncate(message.to_owned()),
-            },
-            Code::Unavailable | Code::Cancelled => EtcdLockError::Transport {
-                op,
-                detail: truncate(status_text(status)),
-            },
-            // tonic reports both a broken connection and an answer that is not
-            // HTTP/2 gRPC (a peer that is not etcd, a corrupting proxy) this way.
-            Code::Unknown | Code::Internal | Code::DataLoss | Code::Unimplemented => {
-                let text = status_text(status);
-                let garbled = ["protocol error", "decode", "invalid", "malformed"]
-                    .iter()
-                    .any(|sign| text.contains(sign));
-                if !garbled && text.contains("transport error") {
-                    EtcdLockError::Transport {
-                        op,
-                        detail: truncate(text),
-                    }
-                } else {
-                    EtcdLockError::protocol(op, text)
-                }
+    /// What happened, with where (the endpoints).
+    fn what(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let at: &str = if self.endpoints.is_empty() {
+            "(no endpoints)"
+        } else {
+            &self.endpoints
+        };
+        match self.kind {
+            ErrorKind::Transport => write!(f, "could not reach etcd at {at}"),
+            ErrorKind::Timeout(Some(after)) => {
+                write!(f, "no answer from etcd at {at} within {after:?}")
             }
-            _ => EtcdLockError::Service {
-                op,
-                code: format!("{code:?}"),
-                message: truncate(message.to_owned()),
-            },
+            ErrorKind::Timeout(None) => write!(f, "the gRPC deadline to etcd at {at} passed"),
+            ErrorKind::Service => {
+                write!(f, "etcd at {at} answered an error that may clear")
+            }
+            ErrorKind::Protocol => write!(f, "the answer from {at} is not what etcd v3 sends"),
+            ErrorKind::Unauthorized => {
+                write!(f, "etcd at {at} refused our credentials or permission")
+            }
+            ErrorKind::InvalidKey => write!(f, "not sent to etcd at {at}: the key is invalid"),
+            ErrorKind::WrongType => write!(
+                f,
+                "the key at etcd {at} holds a value leasehold did not write"
+            ),
+            ErrorKind::Unsupported => {
+                write!(f, "not sent to etcd at {at}: etcd cannot carry it out")
+            }
+            ErrorKind::Config => write!(f, "cannot use the etcd settings {at}"),
         }
+    }
+
+    /// What to do about it.
+    fn todo(&self) -> &'static str {
+        match (self.kind, self.op) {
+            (ErrorKind::Transport, Op::Connect) => "check that etcd is running and listening there",
+            (ErrorKind::Timeout(_), Op::Connect) => {
+                "check that etcd is running there and answers, or raise the connect and \
+                 request timeouts"
+            }
+            _ => self.todo_request(),
+        }
+    }
+
+    /// What to do about a failed request (not a connect).
+    fn todo_request(&self) -> &'static str {
+        match self.kind {
+            ErrorKind::Transport => {
+                "check that etcd is running and listening there (the lease retries meanwhile)"
+            }
+            ErrorKind::Timeout(_) => {
+                "check etcd's health and load, or raise the request timeout \
+                 (the lease retries meanwhile)"
+            }
+            ErrorKind::Service => {
+                "if it persists, check the cluster's health: leader, quorum (the lease retries \
+                 meanwhile)"
+            }
+            ErrorKind::Protocol => {
+                "check that the endpoint is an etcd v3 client port (not a proxy or another \
+                 service)"
+            }
+            ErrorKind::Unauthorized => {
+                "check the user and password (Builder::user) and that the user's role may \
+                 read and write the key and grant leases"
+            }
+            ErrorKind::InvalidKey => {
+                "use 1 to 256 bytes without control characters or braces (leasehold::check_key)"
+            }
+            ErrorKind::WrongType => "use another key, or delete the value if nothing needs it",
+            ErrorKind::Unsupported => "ask for something etcd can do (a TTL up to 9e9 s)",
+            ErrorKind::Config => {
+                "give endpoints as host:port or http://host:port, and valid options"
+            }
+        }
+    }
+}
+
+/// The kind of a client error.
+fn classify(err: &etcd_client::Error) -> ErrorKind {
+    use etcd_client::Error as E;
+    match err {
+        E::GRpcStatus(status) => classify_status(status),
+        E::TransportError(_) | E::IoError(_) => ErrorKind::Transport,
+        // The client's request channel into a stream closed: the stream is gone.
+        E::WatchError(_) | E::LeaseKeepAliveError(_) => ErrorKind::Transport,
+        E::InvalidArgs(_) | E::EndpointError(_) | E::InvalidUri(_) => ErrorKind::Config,
+        _ => ErrorKind::Protocol,
+    }
+}
+
+/// The kind of a gRPC status from etcd (or from the transport under it).
+fn classify_status(status: &tonic::Status) -> ErrorKind {
+    use tonic::Code;
+    let message = status.message();
+    let code = status.code();
+    // etcd's credential errors: "etcdserver: authentication failed, invalid user ID
+    // or password" (InvalidArgument), "etcdserver: permission denied"
+    // (PermissionDenied), "etcdserver: invalid auth token" (Unauthenticated, after
+    // the client's own re-authentication failed), "etcdserver: user name is empty"
+    // (InvalidArgument: auth is on and no user was given).
+    let refused = [
+        "authentication failed",
+        "permission denied",
+        "user name is empty",
+    ]
+    .iter()
+    .any(|sign| message.contains(sign));
+    if refused || matches!(code, Code::Unauthenticated | Code::PermissionDenied) {
+        return ErrorKind::Unauthorized;
+    }
+    // etcd's own errors: "etcdserver: no leader", "etcdserver: request timed out",
+    // "etcdserver: requested lease not found", "mvcc: required revision has been
+    // compacted", "auth: revision of auth store is old"; they come with various codes.
+    let from_etcd = ["etcdserver:", "mvcc:", "auth:", "lease:"]
+        .iter()
+        .any(|prefix| message.starts_with(prefix));
+    match code {
+        Code::DeadlineExceeded if !from_etcd => ErrorKind::Timeout(None),
+        _ if from_etcd => ErrorKind::Service,
+        Code::Unavailable | Code::Cancelled => ErrorKind::Transport,
+        // tonic reports both a broken connection and an answer that is not HTTP/2
+        // gRPC (a peer that is not etcd, a corrupting proxy) this way.
+        Code::Unknown | Code::Internal | Code::DataLoss | Code::Unimplemented => {
+            let text = status_text(status);
+            let garbled = ["protocol error", "decode", "invalid", "malformed"]
+                .iter()
+                .any(|sign| text.contains(sign));
+            if !garbled && text.contains("transport error") {
+                ErrorKind::Transport
+            } else {
+                ErrorKind::Protocol
+            }
+        }
+        _ => ErrorKind::Service,
     }
 }
 
 /// A status's message with its source chain (tonic hides the transport cause there).
 pub(crate) fn status_text(status: &tonic::Status) -> String {
     let mut text = format!("{:?}: {}", status.code(), status.message());
-    let mut source = std::error::Error::source(status);
+    let mut source = StdError::source(status);
     while let Some(cause) = source {
         text.push_str(": ");
         text.push_str(&cause.to_string());
@@ -228,7 +359,7 @@ pub(crate) fn status_text(status: &tonic::Status) -> String {
 }
 
 /// An error with its source chain.
-pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(err: &dyn StdError) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {
@@ -239,7 +370,7 @@ pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
     text
 }
 
-/// At most 200 characters, cut on a character boundary.
+/// At most 200 bytes, cut on a character boundary.
 fn truncate(mut text: String) -> String {
     if text.len() > 200 {
         let mut cut = 200;
@@ -254,90 +385,209 @@ fn truncate(mut text: String) -> String {
 
 impl fmt::Display for EtcdLockError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            EtcdLockError::Transport { op, detail } => {
-                write!(f, "{op}: connection to etcd failed: {detail}")
-            }
-            EtcdLockError::Timeout { op, after } if after.is_zero() => {
-                write!(f, "{op}: deadline exceeded")
-            }
-            EtcdLockError::Timeout { op, after } => {
-                write!(f, "{op}: no answer from etcd within {after:?}")
-            }
-            EtcdLockError::Service { op, code, message } => {
-                write!(f, "{op}: etcd answered an error ({code}): {message}")
-            }
-            EtcdLockError::Protocol { op, detail } => {
-                write!(f, "{op}: unintelligible answer: {detail}")
-            }
-            EtcdLockError::InvalidRequest { op, reason } => write!(f, "{op}: not sent: {reason}"),
-            EtcdLockError::Config(detail) => write!(f, "unusable etcd settings: {detail}"),
+        write!(f, "etcd lock {}", self.op)?;
+        if let Some(key) = &self.key {
+            write!(f, " of key {key:?}")?;
         }
+        f.write_str(" failed: ")?;
+        self.what(f)?;
+        write!(f, "; {}", self.todo())
     }
 }
 
-impl std::error::Error for EtcdLockError {}
+impl fmt::Debug for EtcdLockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdLockError")
+            .field("op", &self.op)
+            .field("kind", &self.kind)
+            .field("endpoints", &self.endpoints)
+            .field("key", &self.key)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl StdError for EtcdLockError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|source| source as &(dyn StdError + 'static))
+    }
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn at() -> Arc<str> {
+        Arc::from("http://10.0.0.1:2379")
+    }
+
+    fn from_status(status: tonic::Status) -> EtcdLockError {
+        EtcdLockError::from_client(Op::KeepAlive, &at(), status.into())
+    }
+
     #[test]
-    fn every_error_is_indeterminate_with_its_kind() {
+    fn each_kind_maps_to_its_refusal_or_indeterminate() {
+        use ErrorKind as K;
         let cases = [
+            (K::Transport, None, Indeterminate::Transport),
+            (K::Timeout(None), None, Indeterminate::Timeout),
+            (K::Service, None, Indeterminate::Service),
+            (K::Protocol, None, Indeterminate::Protocol),
+            (K::Config, None, Indeterminate::Protocol),
             (
-                EtcdLockError::Transport {
-                    op: Op::Grant,
-                    detail: "refused".into(),
-                },
-                Indeterminate::Transport,
-            ),
-            (
-                EtcdLockError::Timeout {
-                    op: Op::KeepAlive,
-                    after: std::time::Duration::from_millis(5),
-                },
-                Indeterminate::Timeout,
-            ),
-            (
-                EtcdLockError::Service {
-                    op: Op::Acquire,
-                    code: "Unavailable".into(),
-                    message: "etcdserver: no leader".into(),
-                },
-                Indeterminate::Service,
-            ),
-            (
-                EtcdLockError::protocol(Op::Check, "no header"),
+                K::Unauthorized,
+                Some(Refusal::Unauthorized),
                 Indeterminate::Protocol,
             ),
             (
-                EtcdLockError::InvalidRequest {
-                    op: Op::Grant,
-                    reason: "empty key",
-                },
+                K::InvalidKey,
+                Some(Refusal::InvalidKey),
+                Indeterminate::Protocol,
+            ),
+            (
+                K::WrongType,
+                Some(Refusal::WrongType),
+                Indeterminate::Protocol,
+            ),
+            (
+                K::Unsupported,
+                Some(Refusal::Unsupported),
                 Indeterminate::Protocol,
             ),
         ];
-        for (err, kind) in cases {
-            assert_eq!(err.indeterminate(), kind, "{err}");
+        for (kind, refusal, indeterminate) in cases {
+            let err = EtcdLockError::new(Op::Grant, kind, &at());
+            assert_eq!(err.refusal(), refusal, "{kind:?}");
+            if refusal.is_none() {
+                assert_eq!(err.indeterminate(), indeterminate, "{kind:?}");
+            }
         }
     }
 
     #[test]
-    fn etcd_messages_are_service_errors_whatever_their_code() {
-        let status = tonic::Status::unavailable("etcdserver: no leader");
-        let err = EtcdLockError::from_client(Op::KeepAlive, status.into());
-        assert!(
-            matches!(&err, EtcdLockError::Service { message, .. } if message == "etcdserver: no leader"),
-            "{err:?}"
+    fn etcd_statuses_are_sorted_by_code_and_message() {
+        let kind = |status| from_status(status).kind();
+        assert_eq!(
+            kind(tonic::Status::unavailable("etcdserver: no leader")),
+            ErrorKind::Service
         );
-        let status = tonic::Status::unavailable("tcp connect error");
-        let err = EtcdLockError::from_client(Op::KeepAlive, status.into());
-        assert!(matches!(err, EtcdLockError::Transport { .. }), "{err:?}");
-        let status = tonic::Status::internal("h2 protocol error");
-        let err = EtcdLockError::from_client(Op::KeepAlive, status.into());
-        assert!(matches!(err, EtcdLockError::Protocol { .. }), "{err:?}");
+        assert_eq!(
+            kind(tonic::Status::unavailable("tcp connect error")),
+            ErrorKind::Transport
+        );
+        assert_eq!(
+            kind(tonic::Status::internal("h2 protocol error")),
+            ErrorKind::Protocol
+        );
+        assert_eq!(
+            kind(tonic::Status::deadline_exceeded("timeout")),
+            ErrorKind::Timeout(None)
+        );
+        for refused in [
+            tonic::Status::invalid_argument(
+                "etcdserver: authentication failed, invalid user ID or password",
+            ),
+            tonic::Status::permission_denied("etcdserver: permission denied"),
+            tonic::Status::unauthenticated("etcdserver: invalid auth token"),
+            tonic::Status::invalid_argument("etcdserver: user name is empty"),
+            tonic::Status::unauthenticated("anything"),
+            tonic::Status::permission_denied("anything"),
+        ] {
+            let err = from_status(refused);
+            assert_eq!(err.refusal(), Some(Refusal::Unauthorized), "{err:?}");
+        }
+        // etcd asks the client to retry this one: not final.
+        assert_eq!(
+            kind(tonic::Status::invalid_argument(
+                "etcdserver: revision of auth store is old"
+            )),
+            ErrorKind::Service
+        );
+    }
+
+    /// Display names the request, the key, the endpoints and what to do; the cause is
+    /// the source and only the source.
+    #[test]
+    fn texts_say_what_where_and_what_to_do_once() {
+        let cause = "etcdserver: authentication failed, invalid user ID or password";
+        let err = EtcdLockError::from_client(
+            Op::Connect,
+            &at(),
+            tonic::Status::invalid_argument(cause).into(),
+        );
+        let text = err.to_string();
+        assert_eq!(
+            text,
+            "etcd lock connect failed: etcd at http://10.0.0.1:2379 refused our credentials \
+             or permission; check the user and password (Builder::user) and that the user's \
+             role may read and write the key and grant leases"
+        );
+        let source = StdError::source(&err).expect("the cause").to_string();
+        assert!(source.contains(cause), "{source}");
+        assert!(!text.contains(cause));
+
+        let err = EtcdLockError::new(
+            Op::Grant,
+            ErrorKind::Timeout(Some(std::time::Duration::from_millis(300))),
+            &at(),
+        )
+        .for_key("orders");
+        assert_eq!(
+            err.to_string(),
+            "etcd lock acquire (lease grant) of key \"orders\" failed: no answer from etcd at \
+             http://10.0.0.1:2379 within 300ms; check etcd's health and load, or raise the \
+             request timeout (the lease retries meanwhile)"
+        );
+        assert!(StdError::source(&err).is_none());
+
+        let key_error = leasehold::check_key("a{b}").unwrap_err();
+        let err = EtcdLockError::new(Op::Read, ErrorKind::InvalidKey, &at())
+            .for_key("a{b}")
+            .caused_by(key_error);
+        assert_eq!(
+            err.to_string(),
+            "etcd lock acquire (read key) of key \"a{b}\" failed: not sent to etcd at \
+             http://10.0.0.1:2379: the key is invalid; use 1 to 256 bytes without control \
+             characters or braces (leasehold::check_key)"
+        );
+        assert_eq!(
+            StdError::source(&err).unwrap().to_string(),
+            key_error.to_string()
+        );
+
+        let err = EtcdLockError::protocol(Op::Check, &at(), "a read without a header");
+        assert!(err
+            .to_string()
+            .contains("not what etcd v3 sends; check that the endpoint"));
+        assert!(!err.to_string().contains("header"));
+        assert_eq!(
+            StdError::source(&err).unwrap().to_string(),
+            "a read without a header"
+        );
+
+        let err = from_status(tonic::Status::unavailable("etcdserver: no leader"));
+        assert!(err.to_string().starts_with("etcd lock lease keep-alive failed: etcd at http://10.0.0.1:2379 answered an error that may clear; if it persists"), "{err}");
+        assert!(!err.to_string().contains("no leader"));
+
+        for kind in [
+            ErrorKind::Transport,
+            ErrorKind::Service,
+            ErrorKind::Protocol,
+            ErrorKind::WrongType,
+            ErrorKind::Unsupported,
+            ErrorKind::Config,
+        ] {
+            let text = EtcdLockError::new(Op::Release, kind, &at()).to_string();
+            assert!(text.starts_with("etcd lock release failed: "), "{text}");
+            assert!(text.contains("http://10.0.0.1:2379"), "{text}");
+            assert_eq!(
+                text.matches("; ").count(),
+                1,
+                "one what, one what to do: {text}"
+            );
+        }
     }
 
     #[test]

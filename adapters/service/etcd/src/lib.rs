@@ -3,9 +3,12 @@
 #![deny(missing_docs)]
 
 mod error;
+mod lock_service;
+mod requests;
 mod service;
+mod value;
 
-pub use error::{EtcdLockError, Op};
+pub use error::{ErrorKind, EtcdLockError, Op};
 pub use service::{
     ttl_secs, Acquired, Builder, EtcdLockService, NotHeld, Released, Renewed, Revoked, MAX_TTL_SECS,
 };

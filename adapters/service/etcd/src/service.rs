@@ -1,20 +1,20 @@
-//! [`EtcdLockService`]: the typed calls, and the `LockService` impl over them.
+//! [`EtcdLockService`]: its settings, its table of grants, and the bounded etcd calls
+//! the requests (`requests.rs`) are made of.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use etcd_client::proto::{PbKeyValue, PbTxnOpResponse, PbTxnResponse};
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp,
-};
-use leasehold::{AcquireOutcome, Duration, Fence, OwnerToken, ReleaseOutcome, RenewOutcome};
-use leasehold_driver::LockService;
+use etcd_client::{Client, ConnectOptions, GetOptions, Txn};
+use leasehold::{Duration, Fence, Holder, OwnerToken};
 
-use crate::error::{EtcdLockError, Op};
+use crate::error::{ErrorKind, EtcdLockError, Op};
 
 /// etcd's largest lease TTL (`MaxLeaseTTL`), in seconds.
 pub const MAX_TTL_SECS: i64 = 9_000_000_000;
+
+/// The default bound on each etcd call.
+const DEFAULT_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A lock service on etcd v3: one lease per grant, the key attached to it.
 ///
@@ -23,13 +23,15 @@ pub const MAX_TTL_SECS: i64 = 9_000_000_000;
 /// does.
 #[derive(Clone)]
 pub struct EtcdLockService {
-    shared: Arc<Shared>,
-    request_timeout: Option<std::time::Duration>,
-    watch_retry: std::time::Duration,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) request_timeout: std::time::Duration,
+    pub(crate) watch_retry: std::time::Duration,
 }
 
-struct Shared {
+pub(crate) struct Shared {
     client: Client,
+    /// The endpoints, as configured: named in every error.
+    pub(crate) endpoints: Arc<str>,
     /// The etcd lease behind each grant this service made, by key and token: the
     /// trait passes only key and token, etcd needs the lease id.
     held: Mutex<HashMap<(Box<str>, OwnerToken), Held>>,
@@ -37,16 +39,17 @@ struct Shared {
 
 /// One grant as etcd holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Held {
+pub(crate) struct Held {
     /// The etcd lease the key is attached to.
-    lease: i64,
+    pub(crate) lease: i64,
     /// The key's `create_revision`: the fence.
-    revision: i64,
+    pub(crate) revision: i64,
 }
 
 impl std::fmt::Debug for EtcdLockService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdLockService")
+            .field("endpoints", &self.shared.endpoints)
             .field("request_timeout", &self.request_timeout)
             .field("grants", &self.grants())
             .finish_non_exhaustive()
@@ -71,9 +74,8 @@ pub enum Acquired {
         /// was lost): its lease was kept alive and its fence answered again.
         regranted: bool,
     },
-    /// The key exists and holds another value (another owner, another term of the
-    /// same owner, or anything written from outside).
-    HeldByAnother,
+    /// The key holds another grant: another owner, or another term of the same owner.
+    HeldByAnother(Holder),
 }
 
 /// Why etcd says a token does not hold a key (any more).
@@ -84,19 +86,23 @@ pub enum NotHeld {
     LeaseGone,
     /// The key does not exist (deleted from outside while the lease lived).
     KeyGone,
-    /// The key exists but holds another value, or was deleted and created again, or is
-    /// attached to another lease.
+    /// The key holds another value (another token, or anything written from outside),
+    /// or is attached to another lease.
     KeyTaken,
+    /// The key holds a newer grant to the same token (deleted and acquired again by a
+    /// late duplicate acquire): not the grant with the fence presented.
+    NewerGrant,
 }
 
 /// The answer to [`EtcdLockService::try_renew`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Renewed {
-    /// The lease was kept alive for `ttl` (etcd's TTL for it), and afterwards the key
-    /// still held this token, on the same lease, since the grant.
+    /// The lease was kept alive; afterwards the key still held this token, on the same
+    /// lease, since the grant.
     Extended {
-        /// The TTL etcd renewed the lease to.
+        /// The TTL the keep-alive applied: the lease's granted TTL (etcd renews a
+        /// lease to the TTL it was granted with).
         ttl: Duration,
     },
     /// Not ours (any more).
@@ -126,7 +132,7 @@ pub struct Revoked {
 #[derive(Clone, Debug)]
 pub struct Builder {
     endpoints: Vec<String>,
-    request_timeout: Option<std::time::Duration>,
+    request_timeout: std::time::Duration,
     connect_timeout: std::time::Duration,
     keep_alive: Option<(std::time::Duration, std::time::Duration)>,
     require_leader: bool,
@@ -136,14 +142,15 @@ pub struct Builder {
 }
 
 impl Builder {
-    /// Bound on each etcd call (`None`: unbounded). Default 5 s. A lease driven by
-    /// `leasehold-driver` also drops a request after its own request timeout.
-    pub fn request_timeout(mut self, timeout: Option<std::time::Duration>) -> Self {
+    /// Bound on each etcd call. Default 5 s. A lease driven by `leasehold-driver`
+    /// also drops a request after its own request timeout; this bound is for the
+    /// typed calls and anything else that awaits the service directly.
+    pub fn request_timeout(mut self, timeout: std::time::Duration) -> Self {
         self.request_timeout = timeout;
         self
     }
 
-    /// Bound on establishing a connection to an endpoint. Default 2 s.
+    /// Bound on establishing a TCP connection to an endpoint. Default 2 s.
     pub fn connect_timeout(mut self, timeout: std::time::Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -166,7 +173,9 @@ impl Builder {
         self
     }
 
-    /// Authenticate as `name` with `password`.
+    /// Authenticate as `name` with `password` (when etcd has auth enabled).
+    /// [`connect`](Self::connect) then authenticates once, and fails with
+    /// [`ErrorKind::Unauthorized`] if etcd refuses the credentials.
     pub fn user(mut self, name: impl Into<String>, password: impl Into<String>) -> Self {
         self.user = Some((name.into(), password.into()));
         self
@@ -187,11 +196,19 @@ impl Builder {
         self
     }
 
-    /// Builds the client. The channel connects lazily: an unreachable etcd is not an
-    /// error here; requests then fail (as `Transport` or `Timeout`) until it answers.
+    /// Builds the client.
+    ///
+    /// Without a user the channel connects lazily: an unreachable etcd is not an error
+    /// here; each request then fails (`Transport` or `Timeout`) within the request
+    /// timeout until etcd answers. With a user, the authentication is a request: it is
+    /// bounded by the connect timeout plus the request timeout.
     pub async fn connect(self) -> Result<EtcdLockService, EtcdLockError> {
+        let endpoints: Arc<str> = Arc::from(self.endpoints.join(", "));
         if self.endpoints.is_empty() {
-            return Err(EtcdLockError::Config("no endpoints".into()));
+            return Err(
+                EtcdLockError::new(Op::Connect, ErrorKind::Config, &endpoints)
+                    .because("no endpoints given"),
+            );
         }
         let options = match self.options {
             Some(options) => options,
@@ -208,47 +225,36 @@ impl Builder {
                 options
             }
         };
-        let client = Client::connect(&self.endpoints, Some(options))
-            .await
-            .map_err(|e| EtcdLockError::from_client(Op::Connect, e))?;
-        Ok(EtcdLockService::from_client(client)
+        let bound = self.connect_timeout.saturating_add(self.request_timeout);
+        let client = match tokio::time::timeout(
+            bound,
+            Client::connect(&self.endpoints, Some(options)),
+        )
+        .await
+        {
+            Ok(Ok(client)) => client,
+            Ok(Err(err)) => return Err(EtcdLockError::from_client(Op::Connect, &endpoints, err)),
+            Err(_) => {
+                return Err(EtcdLockError::new(
+                    Op::Connect,
+                    ErrorKind::Timeout(Some(bound)),
+                    &endpoints,
+                ))
+            }
+        };
+        Ok(EtcdLockService::with_endpoints(client, endpoints)
             .with_request_timeout(self.request_timeout)
             .with_watch_retry(self.watch_retry))
     }
 }
 
-/// The etcd key as bytes, refused if empty (etcd answers "key is not provided").
-fn key_bytes(op: Op, key: &str) -> Result<Vec<u8>, EtcdLockError> {
-    if key.is_empty() {
-        return Err(EtcdLockError::InvalidRequest {
-            op,
-            reason: "the key is empty",
-        });
-    }
-    Ok(key.as_bytes().to_vec())
-}
-
-/// The TTL to ask etcd for: whole seconds, rounded up, at least 1.
-pub fn ttl_secs(ttl: Duration) -> Result<i64, EtcdLockError> {
+/// The TTL to ask etcd for: whole seconds, rounded up, at least 1; `None` above
+/// etcd's maximum lease TTL.
+pub fn ttl_secs(ttl: Duration) -> Option<i64> {
     let secs = ttl.as_micros().div_ceil(1_000_000).max(1);
-    match i64::try_from(secs) {
-        Ok(secs) if secs <= MAX_TTL_SECS => Ok(secs),
-        _ => Err(EtcdLockError::InvalidRequest {
-            op: Op::Grant,
-            reason: "the TTL is above etcd's maximum lease TTL (9,000,000,000 s)",
-        }),
-    }
-}
-
-/// A TTL etcd reported, in seconds: positive, or the reply makes no sense.
-fn reported_ttl(op: Op, secs: i64) -> Result<Duration, EtcdLockError> {
-    match u64::try_from(secs) {
-        Ok(secs) if secs > 0 => Ok(Duration::from_secs(secs)),
-        _ => Err(EtcdLockError::protocol(
-            op,
-            format_args!("a positive TTL, etcd answered {secs}"),
-        )),
-    }
+    i64::try_from(secs)
+        .ok()
+        .filter(|&secs| secs <= MAX_TTL_SECS)
 }
 
 impl EtcdLockService {
@@ -260,7 +266,7 @@ impl EtcdLockService {
                 .into_iter()
                 .map(|e| e.as_ref().to_owned())
                 .collect(),
-            request_timeout: Some(std::time::Duration::from_secs(5)),
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: std::time::Duration::from_secs(2),
             keep_alive: Some((
                 std::time::Duration::from_secs(10),
@@ -281,21 +287,27 @@ impl EtcdLockService {
     }
 
     /// A service on a client you built (5 s request timeout; change it with
-    /// [`with_request_timeout`](Self::with_request_timeout)).
-    pub fn from_client(client: Client) -> EtcdLockService {
+    /// [`with_request_timeout`](Self::with_request_timeout)). `endpoints` is only
+    /// named in errors: say where the client connects.
+    pub fn from_client(client: Client, endpoints: &str) -> EtcdLockService {
+        EtcdLockService::with_endpoints(client, Arc::from(endpoints))
+    }
+
+    fn with_endpoints(client: Client, endpoints: Arc<str>) -> EtcdLockService {
         EtcdLockService {
             shared: Arc::new(Shared {
                 client,
+                endpoints,
                 held: Mutex::new(HashMap::new()),
             }),
-            request_timeout: Some(std::time::Duration::from_secs(5)),
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
             watch_retry: std::time::Duration::from_millis(100),
         }
     }
 
     /// The same service (same channel, same table of grants) with another bound on
-    /// each etcd call (`None`: unbounded).
-    pub fn with_request_timeout(mut self, timeout: Option<std::time::Duration>) -> Self {
+    /// each etcd call.
+    pub fn with_request_timeout(mut self, timeout: std::time::Duration) -> Self {
         self.request_timeout = timeout;
         self
     }
@@ -310,6 +322,11 @@ impl EtcdLockService {
     /// The etcd client (for anything this crate does not do).
     pub fn client(&self) -> &Client {
         &self.shared.client
+    }
+
+    /// The endpoints, as configured (named in every error).
+    pub fn endpoints(&self) -> &str {
+        &self.shared.endpoints
     }
 
     /// The etcd lease behind `token`'s grant of `key`, if this service made it and it
@@ -332,543 +349,121 @@ impl EtcdLockService {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn lookup(&self, key: &str, token: OwnerToken) -> Option<Held> {
+    pub(crate) fn lookup(&self, key: &str, token: OwnerToken) -> Option<Held> {
         self.table().get(&(Box::from(key), token)).copied()
     }
 
     /// Records a grant; an older lease for the same key and token is returned.
-    fn remember(&self, key: &str, token: OwnerToken, held: Held) -> Option<Held> {
+    pub(crate) fn remember(&self, key: &str, token: OwnerToken, held: Held) -> Option<Held> {
         self.table()
             .insert((Box::from(key), token), held)
             .filter(|old| old.lease != held.lease)
     }
 
-    fn forget(&self, key: &str, token: OwnerToken) -> Option<Held> {
+    pub(crate) fn forget(&self, key: &str, token: OwnerToken) -> Option<Held> {
         self.table().remove(&(Box::from(key), token))
     }
 
-    /// One etcd call, bounded by the request timeout, its error sorted.
-    async fn call<T, F, Fut>(&self, op: Op, request: F) -> Result<T, EtcdLockError>
+    /// An error of `kind` for `op` on `key`, at this service's endpoints.
+    pub(crate) fn error(&self, op: Op, kind: ErrorKind, key: &str) -> EtcdLockError {
+        EtcdLockError::new(op, kind, &self.shared.endpoints).for_key(key)
+    }
+
+    /// An answer etcd would not send, for `op` on `key`.
+    pub(crate) fn protocol(
+        &self,
+        op: Op,
+        key: &str,
+        detail: impl std::fmt::Display,
+    ) -> EtcdLockError {
+        EtcdLockError::protocol(op, &self.shared.endpoints, detail).for_key(key)
+    }
+
+    /// Refuses `key` before anything is sent if it breaks the key rules.
+    pub(crate) fn check_key(&self, op: Op, key: &str) -> Result<(), EtcdLockError> {
+        leasehold::check_key(key)
+            .map_err(|err| self.error(op, ErrorKind::InvalidKey, key).caused_by(err))
+    }
+
+    /// One etcd call about `key`, bounded by the request timeout, its error sorted.
+    pub(crate) async fn call<T, F, Fut>(
+        &self,
+        op: Op,
+        key: &str,
+        request: F,
+    ) -> Result<T, EtcdLockError>
     where
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        self.timed(op, request)
+        self.timed(op, key, request)
             .await?
-            .map_err(|e| EtcdLockError::from_client(op, e))
+            .map_err(|e| EtcdLockError::from_client(op, &self.shared.endpoints, e).for_key(key))
     }
 
-    async fn txn(&self, op: Op, txn: Txn) -> Result<etcd_client::TxnResponse, EtcdLockError> {
-        self.call(op, |mut c| {
+    pub(crate) async fn txn(
+        &self,
+        op: Op,
+        key: &str,
+        txn: Txn,
+    ) -> Result<etcd_client::TxnResponse, EtcdLockError> {
+        self.call(op, key, |mut c| {
             let txn = txn.clone();
             async move { c.txn(txn).await }
         })
         .await
     }
 
-    async fn get(&self, op: Op, key: &[u8]) -> Result<etcd_client::GetResponse, EtcdLockError> {
-        self.call(op, |mut c| {
-            let key = key.to_vec();
-            async move { c.get(key, None::<GetOptions>).await }
+    pub(crate) async fn get(
+        &self,
+        op: Op,
+        key: &str,
+    ) -> Result<etcd_client::GetResponse, EtcdLockError> {
+        self.call(op, key, |mut c| async move {
+            c.get(key.as_bytes(), None::<GetOptions>).await
         })
         .await
     }
 
-    async fn revoke(&self, lease: i64) -> Result<(), EtcdLockError> {
-        self.call(
-            Op::Revoke,
-            |mut c| async move { c.lease_revoke(lease).await },
-        )
+    pub(crate) async fn revoke(&self, key: &str, lease: i64) -> Result<(), EtcdLockError> {
+        self.call(Op::Revoke, key, |mut c| async move {
+            c.lease_revoke(lease).await
+        })
         .await
         .map(drop)
     }
 
-    /// Acquires `key` for `token` for `ttl` (rounded up to whole seconds).
-    ///
-    /// 1. Read the key. If it exists, no lease is granted: it holds `token` (an
-    ///    earlier attempt succeeded but its answer was lost) → keep *its* lease alive,
-    ///    check it, and answer its fence again; anything else →
-    ///    [`Acquired::HeldByAnother`]. A contender waiting for a held key costs etcd
-    ///    one read per attempt, no writes.
-    /// 2. Otherwise `LeaseGrant` with the TTL; etcd answers the TTL it applied.
-    /// 3. One transaction: if `create_revision(key) == 0`, put `key = token` attached
-    ///    to the new lease → [`Acquired::Granted`] with the key's `create_revision` as
-    ///    the fence; otherwise (created since the read) read it again and answer as
-    ///    in 1, revoking the new lease in the background.
-    ///
-    /// The granted TTL counts from after the request was sent (the lease is granted, or
-    /// kept alive, after it), so a deadline the caller computes from its send time is
-    /// never later than etcd's expiry.
-    pub async fn try_acquire(
+    /// The remaining TTL of `lease` (whole seconds, rounded down by etcd); zero if
+    /// etcd has no such lease any more (it expired since the key was read).
+    pub(crate) async fn time_to_live(
         &self,
         key: &str,
-        token: OwnerToken,
-        ttl: Duration,
-    ) -> Result<Acquired, EtcdLockError> {
-        let key_b = key_bytes(Op::Acquire, key)?;
-        let secs = ttl_secs(ttl)?;
-
-        let current = self.get(Op::Read, &key_b).await?.0;
-        if let Some(kv) = current.kvs.first() {
-            return self.already_held(key, &key_b, token, kv).await;
-        }
-
-        let grant = self
-            .call(
-                Op::Grant,
-                |mut c| async move { c.lease_grant(secs, None).await },
-            )
-            .await?;
-        if !grant.error().is_empty() {
-            return Err(EtcdLockError::Service {
-                op: Op::Grant,
-                code: "LeaseGrant".into(),
-                message: grant.error().to_owned(),
-            });
-        }
-        let lease = grant.id();
-        let granted = reported_ttl(Op::Grant, grant.ttl())?;
-        if lease == 0 {
-            return Err(EtcdLockError::protocol(Op::Grant, "lease id 0"));
-        }
-
-        let value = token.encode();
-        let txn = Txn::new()
-            .when([Compare::create_revision(key_b.clone(), CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(
-                    key_b.clone(),
-                    value.as_bytes(),
-                    Some(PutOptions::new().with_lease(lease)),
-                ),
-                TxnOp::get(key_b.clone(), None),
-            ])
-            .or_else([TxnOp::get(key_b.clone(), None)]);
-        // On an error the put may have happened: the lease is left alone, for a retry
-        // to find (and re-grant) it. Unused, it expires by itself after its TTL.
-        let answer = self.txn(Op::Acquire, txn).await?.0;
-        if !answer.succeeded {
-            // Created since the read.
-            self.revoke_in_background(lease, "unused grant");
-            let Some(kv) = range_kv(Op::Acquire, &answer, 0)? else {
-                // Deleted between the compare and the read cannot happen inside one
-                // transaction; the reply is inconsistent.
-                return Err(EtcdLockError::protocol(
-                    Op::Acquire,
-                    "create_revision != 0 but no key in the same transaction",
-                ));
-            };
-            return self.already_held(key, &key_b, token, kv).await;
-        }
-
-        let kv = range_kv(Op::Acquire, &answer, 1)?.ok_or_else(|| {
-            EtcdLockError::protocol(Op::Acquire, "the key is missing right after its put")
-        })?;
-        if kv.value != value.as_bytes() || kv.lease != lease || kv.create_revision <= 0 {
-            return Err(EtcdLockError::protocol(
-                Op::Acquire,
-                format_args!(
-                    "the key as put (lease {lease}), etcd answered lease {} create_revision {}",
-                    kv.lease, kv.create_revision
-                ),
-            ));
-        }
-        let held = Held {
-            lease,
-            revision: kv.create_revision,
-        };
-        if let Some(old) = self.remember(key, token, held) {
-            self.revoke_in_background(old.lease, "superseded grant");
-        }
-        Ok(Acquired::Granted {
-            fence: fence_of(held.revision),
-            ttl: granted,
-            lease,
-            regranted: false,
-        })
-    }
-
-    /// The acquire answer for a key that exists as `kv`: held by another, or ours from
-    /// an earlier attempt (re-granted).
-    async fn already_held(
-        &self,
-        key: &str,
-        key_b: &[u8],
-        token: OwnerToken,
-        kv: &PbKeyValue,
-    ) -> Result<Acquired, EtcdLockError> {
-        // A key without a lease was not written by this service.
-        if kv.value != token.encode().as_bytes() || kv.lease == 0 {
-            return Ok(Acquired::HeldByAnother);
-        }
-        let held = Held {
-            lease: kv.lease,
-            revision: kv.create_revision,
-        };
-        if held.revision <= 0 {
-            return Err(EtcdLockError::protocol(
-                Op::Acquire,
-                format_args!("create_revision {}", held.revision),
-            ));
-        }
-        if let Some(old) = self.remember(key, token, held) {
-            self.revoke_in_background(old.lease, "superseded grant");
-        }
-        // Its lease was last kept alive before this request was sent: keep it alive
-        // now, so the TTL answered counts from after the send.
-        match self.extend(key, key_b, token, held).await? {
-            Renewed::Extended { ttl } => Ok(Acquired::Granted {
-                fence: fence_of(held.revision),
-                ttl,
-                lease: held.lease,
-                regranted: true,
-            }),
-            // It went away between the read and the keep-alive: the next attempt will
-            // find the key free.
-            Renewed::NotOwner(why) => Err(EtcdLockError::Service {
-                op: Op::KeepAlive,
-                code: "Regrant".into(),
-                message: format!("the earlier grant ended while it was re-granted: {why:?}"),
-            }),
-        }
-    }
-
-    /// Renews `token`'s grant of `key`: keeps its lease alive, then checks that the key
-    /// still holds `token`, on that lease, with the grant's create revision.
-    ///
-    /// The keep-alive alone is not enough: a key deleted from outside leaves its lease
-    /// alive (and renewable) with nothing attached. The check runs *after* the
-    /// keep-alive, so "still ours at the check" means "ours when the lease was
-    /// extended" (a key deleted and re-created in between has another create revision).
-    ///
-    /// A grant this service did not make (another process, or a restarted one) is
-    /// looked up by reading the key: if it holds `token`, its lease is adopted.
-    pub async fn try_renew(
-        &self,
-        key: &str,
-        token: OwnerToken,
-        fence: Fence,
-    ) -> Result<Renewed, EtcdLockError> {
-        let key_b = key_bytes(Op::KeepAlive, key)?;
-        let held = match self.lookup(key, token) {
-            Some(held) => held,
-            None => match self.discover(key, &key_b, token).await? {
-                Ok(held) => held,
-                Err(why) => return Ok(Renewed::NotOwner(why)),
-            },
-        };
-        // The key was deleted and created again for this same token (a late duplicate
-        // acquire): a newer grant, which the client holding `fence` cannot write with.
-        // Never keep it alive on that client's behalf.
-        if i64::try_from(fence.0).ok() != Some(held.revision) {
-            return Ok(Renewed::NotOwner(NotHeld::KeyTaken));
-        }
-        let renewed = self.extend(key, &key_b, token, held).await?;
-        Ok(renewed)
-    }
-
-    /// Reads the key: the grant it holds for `token`, or why there is none.
-    async fn discover(
-        &self,
-        key: &str,
-        key_b: &[u8],
-        token: OwnerToken,
-    ) -> Result<Result<Held, NotHeld>, EtcdLockError> {
-        let answer = self.get(Op::Check, key_b).await?;
-        let Some(kv) = answer.0.kvs.first() else {
-            return Ok(Err(NotHeld::KeyGone));
-        };
-        if kv.value != token.encode().as_bytes() || kv.lease == 0 || kv.create_revision <= 0 {
-            return Ok(Err(NotHeld::KeyTaken));
-        }
-        let held = Held {
-            lease: kv.lease,
-            revision: kv.create_revision,
-        };
-        tracing::debug!(key, %token, lease = held.lease, "adopted a grant this service did not make");
-        self.remember(key, token, held);
-        Ok(Ok(held))
-    }
-
-    /// Keep-alive of `held.lease`, then the ownership check.
-    async fn extend(
-        &self,
-        key: &str,
-        key_b: &[u8],
-        token: OwnerToken,
-        held: Held,
-    ) -> Result<Renewed, EtcdLockError> {
-        let ttl = match self.keep_alive(held.lease).await? {
-            Some(ttl) => ttl,
-            None => {
-                self.forget(key, token);
-                return Ok(Renewed::NotOwner(NotHeld::LeaseGone));
-            }
-        };
-        let value = token.encode();
-        let txn = Txn::new()
-            .when([
-                Compare::value(key_b, CompareOp::Equal, value.as_bytes()),
-                Compare::create_revision(key_b, CompareOp::Equal, held.revision),
-                Compare::lease(key_b, CompareOp::Equal, held.lease),
-            ])
-            .or_else([TxnOp::get(key_b, None)]);
-        let answer = self.txn(Op::Check, txn).await?.0;
-        if answer.succeeded {
-            return Ok(Renewed::Extended { ttl });
-        }
-        let why = match range_kv(Op::Check, &answer, 0)? {
-            None => NotHeld::KeyGone,
-            Some(_) => NotHeld::KeyTaken,
-        };
-        // The lease is ours but holds nothing of ours any more.
-        self.forget(key, token);
-        self.revoke_in_background(held.lease, "orphaned lease");
-        Ok(Renewed::NotOwner(why))
-    }
-
-    /// One keep-alive exchange on a fresh stream: `Some(ttl)` if etcd extended the
-    /// lease, `None` if it has no such lease.
-    ///
-    /// A fresh stream per renewal gives one request one answer: on a long-lived stream
-    /// the answer to a renewal abandoned by a timeout could be read as the answer to
-    /// the next one, whose deadline counts from a later send time.
-    ///
-    /// etcd-client's `keep_alive` sends the first keep-alive and checks its answer
-    /// (TTL 0 → "lease not found") but does not hand its TTL over, so a second
-    /// keep-alive goes on the same stream and its answer is the one reported: a
-    /// renewal, too, sent after the caller's send time.
-    async fn keep_alive(&self, lease: i64) -> Result<Option<Duration>, EtcdLockError> {
-        let exchange = |mut c: Client| async move {
-            let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
-            keeper.keep_alive().await?;
-            stream.message().await
-        };
-        match self.timed(Op::KeepAlive, exchange).await? {
-            Ok(Some(answer)) if answer.ttl() > 0 => {
-                if answer.id() != lease {
-                    return Err(EtcdLockError::protocol(
-                        Op::KeepAlive,
-                        format_args!(
-                            "an answer for lease {lease}, etcd answered for {}",
-                            answer.id()
-                        ),
-                    ));
-                }
-                reported_ttl(Op::KeepAlive, answer.ttl()).map(Some)
-            }
-            // TTL 0 (or less) on the stream: etcd has no such lease.
-            Ok(Some(_)) => Ok(None),
-            Ok(None) => Err(EtcdLockError::Transport {
-                op: Op::KeepAlive,
-                detail: "the keep-alive stream closed without an answer".into(),
-            }),
-            // How etcd-client reports TTL 0 on the first answer; confirm it with
-            // etcd rather than trust a message.
-            Err(etcd_client::Error::LeaseKeepAliveError(message))
-                if message == "lease not found" =>
-            {
-                if self.lease_gone(lease).await? {
-                    Ok(None)
-                } else {
-                    Err(EtcdLockError::protocol(
-                        Op::KeepAlive,
-                        "the keep-alive stream refused a lease that etcd still lists",
-                    ))
-                }
-            }
-            Err(err) => Err(EtcdLockError::from_client(Op::KeepAlive, err)),
-        }
-    }
-
-    /// Whether etcd has no lease `lease` (`LeaseTimeToLive` answers TTL -1).
-    async fn lease_gone(&self, lease: i64) -> Result<bool, EtcdLockError> {
+        lease: i64,
+    ) -> Result<Duration, EtcdLockError> {
         let answer = self
-            .call(Op::TimeToLive, |mut c| async move {
+            .call(Op::TimeToLive, key, |mut c| async move {
                 c.lease_time_to_live(lease, None).await
             })
             .await?;
-        Ok(answer.ttl() <= 0)
-    }
-
-    /// Releases `token`'s grant of `key`: one transaction deletes the key if it holds
-    /// `token`; then the lease is revoked (it holds nothing any more; a failure to
-    /// revoke only leaves it to expire by itself). If the transaction fails, the lease
-    /// this service knows for the grant is revoked in the background, which deletes the
-    /// key too if it is still attached.
-    pub async fn try_release(
-        &self,
-        key: &str,
-        token: OwnerToken,
-    ) -> Result<Released, EtcdLockError> {
-        let key_b = key_bytes(Op::Release, key)?;
-        let value = token.encode();
-        let txn = Txn::new()
-            .when([Compare::value(
-                key_b.clone(),
-                CompareOp::Equal,
-                value.as_bytes(),
-            )])
-            .and_then([TxnOp::delete(
-                key_b.clone(),
-                Some(DeleteOptions::new().with_prev_key()),
-            )]);
-        // Release is the last request of a term: the grant is forgotten whatever the
-        // answer, so a failed release leaves nothing behind in this service.
-        let known = self.forget(key, token);
-        let answer = match self.txn(Op::Release, txn).await {
-            Ok(answer) => answer.0,
-            Err(err) => {
-                // Revoking our own lease deletes the key if it is still attached.
-                if let Some(held) = known {
-                    self.revoke_in_background(held.lease, "release failed");
-                }
-                return Err(err);
-            }
-        };
-        if !answer.succeeded {
-            if let Some(held) = known {
-                self.revoke_in_background(held.lease, "released after loss");
-            }
-            return Ok(Released::NotOwner);
-        }
-        let deleted_lease = match answer.responses.first().and_then(|r| r.response.as_ref()) {
-            Some(PbTxnOpResponse::ResponseDeleteRange(delete)) => delete
-                .prev_kvs
-                .first()
-                .map(|kv| kv.lease)
-                .filter(|&l| l != 0),
-            other => {
-                return Err(EtcdLockError::protocol(
-                    Op::Release,
-                    format_args!("a delete response, etcd answered {other:?}"),
-                ))
-            }
-        };
-        for lease in deleted_lease
-            .into_iter()
-            .chain(known.map(|h| h.lease).filter(|&l| Some(l) != deleted_lease))
-        {
-            if let Err(err) = self.revoke(lease).await {
-                tracing::debug!(key, lease, error = %err, "release: revoking the lease failed; it expires by itself");
-            }
-        }
-        Ok(Released::Deleted)
+        Ok(Duration::from_secs(
+            u64::try_from(answer.ttl()).unwrap_or(0),
+        ))
     }
 
     /// Revokes `lease` in a background task (best effort, bounded by the request
     /// timeout). Outside a tokio runtime nothing is sent: the lease expires by itself.
-    fn revoke_in_background(&self, lease: i64, why: &'static str) {
+    pub(crate) fn revoke_in_background(&self, key: &str, lease: i64, why: &'static str) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let service = self.clone();
+        let key = key.to_owned();
         runtime.spawn(async move {
-            match service.revoke(lease).await {
-                Ok(_) => tracing::trace!(lease, why, "revoked"),
+            match service.revoke(&key, lease).await {
+                Ok(()) => tracing::trace!(lease, why, "revoked"),
                 Err(err) => tracing::debug!(lease, why, error = %err, "revoke failed; the lease expires by itself"),
             }
         });
-    }
-
-    /// Watches `token`'s grant of `key` (with `fence`, the key's create revision) until
-    /// etcd shows it gone: the key deleted (released, expired with its lease, revoked,
-    /// deleted from outside), or written by anyone else.
-    ///
-    /// First reads the key (gone already → answers at once), then watches it from the
-    /// revision after that read, so nothing in between is missed. Returns an error if
-    /// the read or the watch stream fails, or etcd cancels the watch (compaction, no
-    /// leader); the `LockService` impl then watches again after a pause.
-    pub async fn watch_revocation(
-        &self,
-        key: &str,
-        token: OwnerToken,
-        fence: Fence,
-    ) -> Result<Revoked, EtcdLockError> {
-        let key_b = key_bytes(Op::Watch, key)?;
-        let value = token.encode();
-        let revision = i64::try_from(fence.0).unwrap_or(i64::MAX);
-        let ours = |kv: &PbKeyValue| kv.value == value.as_bytes() && kv.create_revision == revision;
-
-        let read = self.get(Op::Watch, &key_b).await?.0;
-        let read_at = read.header.as_ref().map_or(0, |h| h.revision);
-        if read_at <= 0 {
-            return Err(EtcdLockError::protocol(
-                Op::Watch,
-                "a read without a revision",
-            ));
-        }
-        match read.kvs.first() {
-            None => {
-                return Ok(Revoked {
-                    why: NotHeld::KeyGone,
-                    revision: read_at,
-                })
-            }
-            Some(kv) if !ours(kv) => {
-                return Ok(Revoked {
-                    why: NotHeld::KeyTaken,
-                    revision: read_at,
-                })
-            }
-            Some(_) => {}
-        }
-
-        let options = etcd_client::WatchOptions::new().with_start_revision(read_at + 1);
-        // Creating the stream is bounded; the stream itself lives as long as the grant.
-        let mut stream = self
-            .call(Op::Watch, |mut c| {
-                let (key_b, options) = (key_b.clone(), options.clone());
-                async move { c.watch(key_b, Some(options)).await }
-            })
-            .await?;
-        loop {
-            let answer = match stream.message().await {
-                Ok(Some(answer)) => answer.0,
-                Ok(None) => {
-                    return Err(EtcdLockError::Transport {
-                        op: Op::Watch,
-                        detail: "the watch stream ended".into(),
-                    })
-                }
-                Err(err) => return Err(EtcdLockError::from_client(Op::Watch, err)),
-            };
-            for event in &answer.events {
-                let Some(kv) = event.kv.as_ref() else {
-                    return Err(EtcdLockError::protocol(
-                        Op::Watch,
-                        "an event without its key",
-                    ));
-                };
-                let why = match event.r#type {
-                    // PUT: still ours only if it is our value on our creation.
-                    0 if ours(kv) => continue,
-                    0 => NotHeld::KeyTaken,
-                    // DELETE.
-                    1 => NotHeld::KeyGone,
-                    other => {
-                        return Err(EtcdLockError::protocol(
-                            Op::Watch,
-                            format_args!("an event of unknown type {other}"),
-                        ))
-                    }
-                };
-                return Ok(Revoked {
-                    why,
-                    revision: kv.mod_revision,
-                });
-            }
-            if answer.canceled {
-                return Err(EtcdLockError::Service {
-                    op: Op::Watch,
-                    code: "WatchCanceled".into(),
-                    message: format!(
-                        "{} (compact revision {})",
-                        answer.cancel_reason, answer.compact_revision
-                    ),
-                });
-            }
-        }
     }
 
     /// One etcd call, bounded by the request timeout; the client's error untouched.
@@ -877,9 +472,10 @@ impl EtcdLockService {
     /// failed without sending anything: the TCP connection to the member the channel
     /// picked could not be made (a dead member of a cluster; the balancer keeps it
     /// in rotation while it reconnects). Any other failure is final.
-    async fn timed<T, F, Fut>(
+    pub(crate) async fn timed<T, F, Fut>(
         &self,
         op: Op,
+        key: &str,
         mut request: F,
     ) -> Result<Result<T, etcd_client::Error>, EtcdLockError>
     where
@@ -899,12 +495,10 @@ impl EtcdLockService {
                 }
             }
         };
-        match self.request_timeout {
-            Some(after) => tokio::time::timeout(after, attempts)
-                .await
-                .map_err(|_| EtcdLockError::Timeout { op, after }),
-            None => Ok(attempts.await),
-        }
+        let after = self.request_timeout;
+        tokio::time::timeout(after, attempts)
+            .await
+            .map_err(|_| self.error(op, ErrorKind::Timeout(Some(after)), key))
     }
 }
 
@@ -922,123 +516,4 @@ fn never_sent(err: &etcd_client::Error) -> bool {
         _ => return false,
     };
     text.contains("tcp connect error")
-}
-
-fn log_error(key: &str, token: OwnerToken, err: &EtcdLockError) {
-    match err {
-        EtcdLockError::Protocol { .. }
-        | EtcdLockError::InvalidRequest { .. }
-        | EtcdLockError::Config(_) => {
-            tracing::error!(key, %token, op = %err.op(), error = %err, "etcd lock request failed");
-        }
-        _ => tracing::warn!(key, %token, op = %err.op(), error = %err, "etcd lock request failed"),
-    }
-}
-
-impl LockService for EtcdLockService {
-    async fn acquire(&self, key: &str, token: OwnerToken, ttl: Duration) -> AcquireOutcome {
-        match self.try_acquire(key, token, ttl).await {
-            Ok(Acquired::Granted {
-                fence,
-                ttl: granted,
-                lease,
-                regranted,
-            }) => {
-                tracing::debug!(key, %token, %fence, requested_ms = ttl.as_millis(), granted_ms = granted.as_millis(), lease, regranted, "acquire: granted");
-                AcquireOutcome::Granted {
-                    fence,
-                    ttl: granted,
-                }
-            }
-            Ok(Acquired::HeldByAnother) => {
-                tracing::debug!(key, %token, "acquire: held by another");
-                AcquireOutcome::HeldByAnother
-            }
-            Err(err) => {
-                log_error(key, token, &err);
-                AcquireOutcome::Indeterminate(err.indeterminate())
-            }
-        }
-    }
-
-    async fn renew(
-        &self,
-        key: &str,
-        token: OwnerToken,
-        fence: Fence,
-        _ttl: Duration,
-    ) -> RenewOutcome {
-        // etcd renews a lease to the TTL it was granted with; the answer says which.
-        match self.try_renew(key, token, fence).await {
-            Ok(Renewed::Extended { ttl }) => {
-                tracing::trace!(key, %token, ttl_ms = ttl.as_millis(), "renewed");
-                RenewOutcome::Renewed { ttl }
-            }
-            Ok(Renewed::NotOwner(why)) => {
-                tracing::info!(key, %token, ?why, "renew: not the owner any more");
-                RenewOutcome::NotOwner
-            }
-            Err(err) => {
-                log_error(key, token, &err);
-                RenewOutcome::Indeterminate(err.indeterminate())
-            }
-        }
-    }
-
-    async fn release(&self, key: &str, token: OwnerToken) -> ReleaseOutcome {
-        match self.try_release(key, token).await {
-            Ok(Released::Deleted) => {
-                tracing::debug!(key, %token, "released");
-                ReleaseOutcome::Released
-            }
-            Ok(Released::NotOwner) => {
-                tracing::debug!(key, %token, "release: not the owner");
-                ReleaseOutcome::NotOwner
-            }
-            Err(err) => {
-                log_error(key, token, &err);
-                ReleaseOutcome::Indeterminate(err.indeterminate())
-            }
-        }
-    }
-
-    /// Completes when etcd shows the grant gone (see
-    /// [`watch_revocation`](EtcdLockService::watch_revocation)). A failed watch is
-    /// retried after a pause that doubles from the configured `watch_retry` up to
-    /// 16× it; it never completes for an error.
-    async fn revoked(&self, key: &str, token: OwnerToken, fence: Fence) {
-        let mut pause = self.watch_retry;
-        loop {
-            match self.watch_revocation(key, token, fence).await {
-                Ok(Revoked { why, revision }) => {
-                    tracing::info!(key, %token, %fence, ?why, revision, "watch: the grant is gone");
-                    return;
-                }
-                Err(err) => {
-                    tracing::debug!(key, %token, op = %err.op(), error = %err, retry_in = ?pause, "revocation watch failed; watching again");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(self.watch_retry * 16);
-                }
-            }
-        }
-    }
-}
-
-/// The `n`th response of a transaction, as the key it read (`None`: no such key).
-fn range_kv(
-    op: Op,
-    answer: &PbTxnResponse,
-    n: usize,
-) -> Result<Option<&PbKeyValue>, EtcdLockError> {
-    match answer.responses.get(n).and_then(|r| r.response.as_ref()) {
-        Some(PbTxnOpResponse::ResponseRange(range)) => Ok(range.kvs.first()),
-        other => Err(EtcdLockError::protocol(
-            op,
-            format_args!("a range response at {n}, etcd answered {other:?}"),
-        )),
-    }
-}
-
-fn fence_of(revision: i64) -> Fence {
-    Fence(u64::try_from(revision).unwrap_or(0))
 }

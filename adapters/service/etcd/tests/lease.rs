@@ -7,10 +7,15 @@ mod support;
 
 use std::sync::Arc;
 
-use leasehold::{Event, LossReason};
+use leasehold::{Event, Fence, LossReason};
 use leasehold_etcd::{EtcdLockService, NotHeld, Renewed};
-use leasehold_tokio::{acquire, try_acquire, AcquireError, LeaseEnd, LeaseHandle, TimedEvent};
-use support::{config, ms, service, std_ms, token, value, within, Cluster, Storage, Timing};
+use leasehold_tokio::{
+    acquire, acquire_with, try_acquire, AcquireError, AcquireOptions, LeaseEnd, LeaseHandle,
+    TimedEvent,
+};
+use support::{
+    config, identity, ms, service, std_ms, token, value, within, Cluster, Storage, Timing,
+};
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
@@ -21,6 +26,35 @@ async fn hold(service: &EtcdLockService, key: &str, ttl_ms: u64) -> LeaseHandle 
     )
     .await
     .unwrap_or_else(|e| panic!("acquire {key}: {e}"))
+}
+
+/// A contender was refused because the key is held by the holder with `fence`, and
+/// says who that is. `remaining` may be 0 right after a fault: the service reports 0
+/// when the `LeaseTimeToLive` after its read fails (the service tests check it on a
+/// settled cluster).
+#[track_caller]
+fn assert_busy_with(refused: Option<AcquireError>, fence: Fence) {
+    match refused {
+        Some(AcquireError::Busy {
+            holder: Some(holder),
+        }) => {
+            assert_eq!(holder.fence, fence);
+            assert!(!holder.identity.is_empty(), "hostname:pid by default");
+            assert!(
+                holder.remaining <= leasehold::Duration::from_secs(3),
+                "{holder:?}"
+            );
+        }
+        other => panic!("expected Busy with the holder, got {other:?}"),
+    }
+}
+
+/// A contender that keeps trying `key` for up to 2 s, as one would while a cluster
+/// settles after a fault (a single attempt may meet a leader change): its error.
+async fn contend(service: &EtcdLockService, key: &str) -> Option<AcquireError> {
+    let options = AcquireOptions::new().max_wait(std_ms(2_000));
+    let contender = acquire_with(Arc::new(service.clone()), key, config(3_000), options);
+    within(6_000, contender).await.err()
 }
 
 /// The next `Renewed` event seen after `after`, or the loss if one comes first.
@@ -50,7 +84,17 @@ async fn a_tokio_lease_renews_and_releases() {
     let cluster = Cluster::single();
     let service = service(&cluster).await;
     let mut outside = cluster.client().await;
-    let lease = hold(&service, "orders", 2_000).await;
+    let lease = within(
+        5_000,
+        acquire_with(
+            Arc::new(service.clone()),
+            "orders",
+            config(2_000),
+            AcquireOptions::new().identity(identity("renewer")),
+        ),
+    )
+    .await
+    .expect("acquire");
     let mut events = lease.events();
     let start = Instant::now();
     for _ in 0..2 {
@@ -60,8 +104,9 @@ async fn a_tokio_lease_renews_and_releases() {
     }
     assert_eq!(lease.check(), Ok(lease.fence()));
     assert_eq!(
-        value(&mut outside, "orders").await.as_deref(),
-        Some(lease.token().encode().as_str())
+        value(&mut outside, "orders").await,
+        Some(format!("{}\nrenewer", lease.token().encode().as_str())),
+        "the value is `<token>\\n<identity>`"
     );
     assert_eq!(within(2_000, lease.release()).await, LeaseEnd::Released);
     assert_eq!(value(&mut outside, "orders").await, None);
@@ -136,7 +181,7 @@ async fn a_member_restart_while_holding_keeps_the_lease() {
         try_acquire(Arc::new(b_service), "orders", config(3_000)),
     )
     .await;
-    assert_eq!(refused.err(), Some(AcquireError::HeldByAnother));
+    assert_busy_with(refused.err(), a.fence());
 
     let a_fence = a.fence();
     assert_eq!(within(2_000, a.release()).await, LeaseEnd::Released);
@@ -216,7 +261,7 @@ async fn three_members_leader_killed_while_holding() {
     let mut events = a.events();
     let crashed = token();
     let crashed_fence = match service
-        .try_acquire("jobs", crashed, ms(2_000))
+        .try_acquire("jobs", crashed, &identity("crashed"), ms(2_000))
         .await
         .unwrap()
     {
@@ -241,12 +286,7 @@ async fn three_members_leader_killed_while_holding() {
         .expect("A's lease survives the leader change");
     eprintln!("A renewed {:?} after the kill", renewed - killed);
     assert_eq!(a.check(), Ok(a.fence()));
-    let refused = within(
-        3_000,
-        try_acquire(Arc::new(service.clone()), "orders", config(3_000)),
-    )
-    .await;
-    assert_eq!(refused.err(), Some(AcquireError::HeldByAnother));
+    assert_busy_with(contend(&service, "orders").await, a.fence());
 
     // The crashed holder's lease expires; a contender then gets the key.
     let b = within(

@@ -363,12 +363,28 @@ impl Drop for Cluster {
 
 /// `GET /health` over a fresh socket; the body, if any.
 fn health(port: u16) -> Option<String> {
+    http_get(port, "/health")
+}
+
+/// The value of the Prometheus counter `name` on member `port` (`GET /metrics`), e.g.
+/// `etcd_debugging_lease_granted_total`.
+pub fn counter(port: u16, name: &str) -> u64 {
+    let body = http_get(port, "/metrics").expect("GET /metrics");
+    body.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .map(|value| value as u64)
+        .unwrap_or_else(|| panic!("no counter {name} in /metrics"))
+}
+
+/// `GET path` over a fresh socket (HTTP/1.0, so the body is not chunked); the body.
+fn http_get(port: u16, path: &str) -> Option<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
     stream
         .set_read_timeout(Some(Duration::from_millis(1_000)))
         .ok()?;
     stream
-        .write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
         .ok()?;
     let mut reply = String::new();
     let _ = stream.read_to_string(&mut reply);

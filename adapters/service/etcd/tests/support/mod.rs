@@ -10,7 +10,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, Once};
 use std::time::Duration as StdDuration;
 
-use leasehold::{Config, Duration, Fence, FenceGate, OwnerToken, StaleFence, Term};
+use leasehold::{Config, Duration, Fence, FenceGate, Identity, OwnerToken, StaleFence, Term};
 use leasehold_etcd::EtcdLockService;
 
 pub use etcd::{Cluster, Timing};
@@ -53,7 +53,7 @@ pub async fn service(cluster: &Cluster) -> EtcdLockService {
 pub async fn service_on(endpoints: Vec<String>) -> EtcdLockService {
     init_tracing();
     EtcdLockService::builder(endpoints)
-        .request_timeout(Some(std_ms(2_000)))
+        .request_timeout(std_ms(2_000))
         .connect_timeout(std_ms(500))
         .watch_retry(std_ms(50))
         .connect()
@@ -64,6 +64,11 @@ pub async fn service_on(endpoints: Vec<String>) -> EtcdLockService {
 /// A fresh random owner's token for term 1.
 pub fn token() -> OwnerToken {
     leasehold_etcd::random_owner().token(Term(1))
+}
+
+/// An identity for a test holder.
+pub fn identity(text: &str) -> Identity {
+    Identity::new(text).expect("a valid identity")
 }
 
 /// Awaits `future`, failing the test if it takes longer than `limit_ms` (real time).

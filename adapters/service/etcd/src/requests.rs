@@ -1,0 +1,604 @@
+//! The typed requests: acquire, renew, release, holder, and the revocation watch.
+
+use etcd_client::proto::{PbKeyValue, PbTxnOpResponse, PbTxnResponse};
+use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
+use leasehold::{Duration, Fence, Holder, Identity, OwnerToken};
+
+use crate::error::{ErrorKind, EtcdLockError, Op};
+use crate::service::{
+    ttl_secs, Acquired, EtcdLockService, Held, NotHeld, Released, Renewed, Revoked,
+};
+use crate::value::{self, Stored};
+
+/// A key as this crate reads it: a grant of ours (any token), or not.
+enum Found<'a> {
+    /// `<token>\n<identity>` on a lease, with a positive create revision.
+    Grant(Stored<'a>, Held),
+    /// Anything else: not a lease this crate wrote.
+    Foreign,
+}
+
+fn found(kv: &PbKeyValue) -> Found<'_> {
+    match Stored::parse(&kv.value) {
+        Some(stored) if kv.lease != 0 && kv.create_revision > 0 => Found::Grant(
+            stored,
+            Held {
+                lease: kv.lease,
+                revision: kv.create_revision,
+            },
+        ),
+        _ => Found::Foreign,
+    }
+}
+
+impl EtcdLockService {
+    /// Acquires `key` for `token`, presenting `identity`, for `ttl` (rounded up to
+    /// whole seconds).
+    ///
+    /// 1. Read the key. If it exists, no lease is granted: a grant to `token` (an
+    ///    earlier attempt succeeded but its answer was lost) → keep *its* lease alive,
+    ///    check it, and answer its fence again; a grant to another token →
+    ///    [`Acquired::HeldByAnother`] with its identity, fence and remaining TTL;
+    ///    anything else → an [`ErrorKind::WrongType`] error. A contender waiting for a
+    ///    held key costs etcd two reads per attempt (the key, its lease's TTL), no
+    ///    writes.
+    /// 2. Otherwise `LeaseGrant` with the TTL; etcd answers the TTL it applied.
+    /// 3. One transaction: if `create_revision(key) == 0`, put
+    ///    `key = <token>\n<identity>` attached to the new lease →
+    ///    [`Acquired::Granted`] with the key's `create_revision` as the fence;
+    ///    otherwise (created since the read) answer as in 1 from the transaction's
+    ///    read, revoking the new lease in the background.
+    ///
+    /// The granted TTL counts from after the request was sent (the lease is granted, or
+    /// kept alive, after it), so a deadline the caller computes from its send time is
+    /// never later than etcd's expiry.
+    pub async fn try_acquire(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        identity: &Identity,
+        ttl: Duration,
+    ) -> Result<Acquired, EtcdLockError> {
+        self.check_key(Op::Read, key)?;
+        let secs = ttl_secs(ttl).ok_or_else(|| {
+            self.error(Op::Grant, ErrorKind::Unsupported, key)
+                .because(format_args!(
+                    "a TTL of {} s is above etcd's maximum lease TTL ({} s)",
+                    ttl.as_micros() / 1_000_000,
+                    crate::MAX_TTL_SECS
+                ))
+        })?;
+
+        let current = self.get(Op::Read, key).await?.0;
+        if let Some(kv) = current.kvs.first() {
+            return self.already_held(Op::Read, key, token, kv).await;
+        }
+
+        let grant = self
+            .call(Op::Grant, key, |mut c| async move {
+                c.lease_grant(secs, None).await
+            })
+            .await?;
+        if !grant.error().is_empty() {
+            return Err(self
+                .error(Op::Grant, ErrorKind::Service, key)
+                .because(grant.error()));
+        }
+        let lease = grant.id();
+        let granted = self.reported_ttl(Op::Grant, key, grant.ttl())?;
+        if lease == 0 {
+            return Err(self.protocol(Op::Grant, key, "lease id 0"));
+        }
+
+        let stored = value::encode(token, identity);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(
+                    key,
+                    stored.clone(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::get(key, None),
+            ])
+            .or_else([TxnOp::get(key, None)]);
+        // On an error the put may have happened: the lease is left alone, for a retry
+        // to find (and re-grant) it. Unused, it expires by itself after its TTL.
+        let answer = self.txn(Op::Acquire, key, txn).await?.0;
+        if !answer.succeeded {
+            // Created since the read.
+            self.revoke_in_background(key, lease, "unused grant");
+            let Some(kv) = self.range_kv(Op::Acquire, key, &answer, 0)? else {
+                // Deleted between the compare and the read cannot happen inside one
+                // transaction; the reply is inconsistent.
+                return Err(self.protocol(
+                    Op::Acquire,
+                    key,
+                    "create_revision != 0 but no key in the same transaction",
+                ));
+            };
+            return self.already_held(Op::Acquire, key, token, kv).await;
+        }
+
+        let kv = self
+            .range_kv(Op::Acquire, key, &answer, 1)?
+            .ok_or_else(|| {
+                self.protocol(Op::Acquire, key, "the key is missing right after its put")
+            })?;
+        if kv.value != stored || kv.lease != lease || kv.create_revision <= 0 {
+            return Err(self.protocol(
+                Op::Acquire,
+                key,
+                format_args!(
+                    "the key as put (lease {lease}), etcd answered lease {} create_revision {}",
+                    kv.lease, kv.create_revision
+                ),
+            ));
+        }
+        let held = Held {
+            lease,
+            revision: kv.create_revision,
+        };
+        if let Some(old) = self.remember(key, token, held) {
+            self.revoke_in_background(key, old.lease, "superseded grant");
+        }
+        Ok(Acquired::Granted {
+            fence: fence_of(held.revision),
+            ttl: granted,
+            lease,
+            regranted: false,
+        })
+    }
+
+    /// The acquire answer for a key that exists as `kv`: ours from an earlier attempt
+    /// (re-granted), held by another, or not a grant at all.
+    async fn already_held(
+        &self,
+        op: Op,
+        key: &str,
+        token: OwnerToken,
+        kv: &PbKeyValue,
+    ) -> Result<Acquired, EtcdLockError> {
+        let (stored, held) = match found(kv) {
+            Found::Grant(stored, held) => (stored, held),
+            Found::Foreign => return Err(self.wrong_type(op, key, kv)),
+        };
+        if !stored.is(&token.encode()) {
+            return Ok(Acquired::HeldByAnother(
+                self.holder_of(key, stored.identity(), held).await,
+            ));
+        }
+        if let Some(old) = self.remember(key, token, held) {
+            self.revoke_in_background(key, old.lease, "superseded grant");
+        }
+        // Its lease was last kept alive before this request was sent: keep it alive
+        // now, so the TTL answered counts from after the send.
+        match self.extend(key, token, held).await? {
+            Renewed::Extended { ttl } => Ok(Acquired::Granted {
+                fence: fence_of(held.revision),
+                ttl,
+                lease: held.lease,
+                regranted: true,
+            }),
+            // It went away between the read and the keep-alive: the next attempt will
+            // find the key free.
+            Renewed::NotOwner(why) => Err(self
+                .error(Op::KeepAlive, ErrorKind::Service, key)
+                .because(format_args!(
+                    "the earlier grant ended while it was granted again: {why:?}"
+                ))),
+        }
+    }
+
+    /// The holder of a grant read as `held`, with its lease's remaining TTL.
+    ///
+    /// If `LeaseTimeToLive` fails, `remaining` is zero: an understatement, never an
+    /// overstatement (a contender that waits for it retries early, not late), and the
+    /// failure is logged.
+    async fn holder_of(&self, key: &str, identity: Identity, held: Held) -> Holder {
+        let remaining = match self.time_to_live(key, held.lease).await {
+            Ok(remaining) => remaining,
+            Err(err) => {
+                tracing::debug!(key, lease = held.lease, error = %err, "the holder's TTL is unknown; reported as 0");
+                Duration::from_secs(0)
+            }
+        };
+        Holder {
+            identity,
+            fence: fence_of(held.revision),
+            remaining,
+        }
+    }
+
+    /// Who holds `key` now (`None`: nobody). One read of the key, then
+    /// `LeaseTimeToLive` of its lease for the remaining TTL (zero if that fails, see
+    /// above). A key that holds something else is an [`ErrorKind::WrongType`] error.
+    pub async fn try_holder(&self, key: &str) -> Result<Option<Holder>, EtcdLockError> {
+        self.check_key(Op::Holder, key)?;
+        let answer = self.get(Op::Holder, key).await?.0;
+        let Some(kv) = answer.kvs.first() else {
+            return Ok(None);
+        };
+        match found(kv) {
+            Found::Grant(stored, held) => {
+                Ok(Some(self.holder_of(key, stored.identity(), held).await))
+            }
+            Found::Foreign => Err(self.wrong_type(Op::Holder, key, kv)),
+        }
+    }
+
+    fn wrong_type(&self, op: Op, key: &str, kv: &PbKeyValue) -> EtcdLockError {
+        let why = if kv.lease == 0 && Stored::parse(&kv.value).is_some() {
+            "it holds a grant's value but no lease is attached (written by hand?)"
+        } else {
+            "its value is not `<owner token>\\n<identity>`"
+        };
+        self.error(op, ErrorKind::WrongType, key).because(why)
+    }
+
+    /// Renews `token`'s grant of `key` with `fence`: keeps its lease alive, then checks
+    /// that the key still holds `token`, on that lease, with that create revision.
+    ///
+    /// The keep-alive alone is not enough: a key deleted from outside leaves its lease
+    /// alive (and renewable) with nothing attached. The check runs *after* the
+    /// keep-alive, so "still ours at the check" means "ours when the lease was
+    /// extended" (a key deleted and re-created in between has another create revision).
+    ///
+    /// A grant this service did not make (another process, or a restarted one) is
+    /// looked up by reading the key: if it holds `token`, its lease is adopted.
+    pub async fn try_renew(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        fence: Fence,
+    ) -> Result<Renewed, EtcdLockError> {
+        self.check_key(Op::KeepAlive, key)?;
+        let revision = i64::try_from(fence.0).ok();
+        let held = match self.lookup(key, token) {
+            Some(held) if Some(held.revision) == revision => held,
+            // Not known here, or known with another fence (another instance sharing
+            // nothing with this one may have made a newer grant): ask etcd.
+            _ => match self.discover(key, token).await? {
+                Ok(held) => held,
+                Err(why) => return Ok(Renewed::NotOwner(why)),
+            },
+        };
+        // The key was deleted and created again for this same token (a late duplicate
+        // acquire): a newer grant, which the client holding `fence` cannot write with.
+        // Never keep it alive on that client's behalf.
+        if Some(held.revision) != revision {
+            return Ok(Renewed::NotOwner(NotHeld::NewerGrant));
+        }
+        self.extend(key, token, held).await
+    }
+
+    /// Reads the key: the grant it holds for `token`, or why there is none.
+    async fn discover(
+        &self,
+        key: &str,
+        token: OwnerToken,
+    ) -> Result<Result<Held, NotHeld>, EtcdLockError> {
+        let answer = self.get(Op::Check, key).await?;
+        let Some(kv) = answer.0.kvs.first() else {
+            return Ok(Err(NotHeld::KeyGone));
+        };
+        match found(kv) {
+            Found::Grant(stored, held) if stored.is(&token.encode()) => {
+                tracing::debug!(key, %token, lease = held.lease, "adopted a grant this service did not make");
+                self.remember(key, token, held);
+                Ok(Ok(held))
+            }
+            _ => Ok(Err(NotHeld::KeyTaken)),
+        }
+    }
+
+    /// Keep-alive of `held.lease`, then the ownership check (a read of the key).
+    async fn extend(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        held: Held,
+    ) -> Result<Renewed, EtcdLockError> {
+        let Some(ttl) = self.keep_alive(key, held.lease).await? else {
+            self.forget(key, token);
+            return Ok(Renewed::NotOwner(NotHeld::LeaseGone));
+        };
+        let answer = self.get(Op::Check, key).await?.0;
+        let why = match answer.kvs.first().map(found) {
+            None => NotHeld::KeyGone,
+            Some(Found::Grant(stored, now)) if stored.is(&token.encode()) && now == held => {
+                return Ok(Renewed::Extended { ttl });
+            }
+            Some(Found::Grant(stored, now))
+                if stored.is(&token.encode()) && now.revision > held.revision =>
+            {
+                NotHeld::NewerGrant
+            }
+            Some(_) => NotHeld::KeyTaken,
+        };
+        // The lease is ours but holds nothing of this grant any more.
+        self.forget(key, token);
+        self.revoke_in_background(key, held.lease, "orphaned lease");
+        Ok(Renewed::NotOwner(why))
+    }
+
+    /// One keep-alive exchange on a fresh stream: `Some(ttl)` if etcd extended the
+    /// lease (the TTL it applied: the lease's granted TTL), `None` if it has no such
+    /// lease.
+    ///
+    /// A fresh stream per renewal gives one request one answer: on a long-lived stream
+    /// the answer to a renewal abandoned by a timeout could be read as the answer to
+    /// the next one, whose deadline counts from a later send time.
+    ///
+    /// etcd-client's `keep_alive` sends the first keep-alive and checks its answer
+    /// (TTL 0 → "lease not found") but does not hand its TTL over, so a second
+    /// keep-alive goes on the same stream and its answer is the one reported: a
+    /// renewal, too, sent after the caller's send time.
+    async fn keep_alive(&self, key: &str, lease: i64) -> Result<Option<Duration>, EtcdLockError> {
+        let exchange = |mut c: Client| async move {
+            let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
+            keeper.keep_alive().await?;
+            stream.message().await
+        };
+        match self.timed(Op::KeepAlive, key, exchange).await? {
+            Ok(Some(answer)) if answer.ttl() > 0 => {
+                if answer.id() != lease {
+                    return Err(self.protocol(
+                        Op::KeepAlive,
+                        key,
+                        format_args!(
+                            "an answer for lease {lease}, etcd answered for {}",
+                            answer.id()
+                        ),
+                    ));
+                }
+                self.reported_ttl(Op::KeepAlive, key, answer.ttl())
+                    .map(Some)
+            }
+            // TTL 0 (or less) on the stream: etcd has no such lease.
+            Ok(Some(_)) => Ok(None),
+            Ok(None) => Err(self
+                .error(Op::KeepAlive, ErrorKind::Transport, key)
+                .because("the keep-alive stream closed without an answer")),
+            // How etcd-client reports TTL 0 on the first answer; confirm it with
+            // etcd rather than trust a message.
+            Err(etcd_client::Error::LeaseKeepAliveError(message))
+                if message == "lease not found" =>
+            {
+                if self.time_to_live(key, lease).await?.is_zero() {
+                    Ok(None)
+                } else {
+                    Err(self.protocol(
+                        Op::KeepAlive,
+                        key,
+                        "the keep-alive stream refused a lease that etcd still lists",
+                    ))
+                }
+            }
+            Err(err) => Err(
+                EtcdLockError::from_client(Op::KeepAlive, &self.shared.endpoints, err).for_key(key),
+            ),
+        }
+    }
+
+    /// Releases `token`'s grant of `key`: reads the key, and if it is a grant to
+    /// `token` (its value names `token`, a lease is attached), deletes it in a
+    /// transaction that compares the value and lease just read (so a key that changed
+    /// in between is not deleted; it is read again, at most three times). Then the lease is revoked (it holds nothing any more; a failure to
+    /// revoke only leaves it to expire by itself). If the release fails, the lease
+    /// this service knows for the grant is revoked in the background, which deletes
+    /// the key too if it is still attached.
+    pub async fn try_release(
+        &self,
+        key: &str,
+        token: OwnerToken,
+    ) -> Result<Released, EtcdLockError> {
+        self.check_key(Op::Release, key)?;
+        // Release is the last request of a term: the grant is forgotten whatever the
+        // answer, so a failed release leaves nothing behind in this service.
+        let known = self.forget(key, token);
+        let released = self.compare_and_delete(key, token).await;
+        let revoke_known = |why| {
+            if let Some(held) = known {
+                self.revoke_in_background(key, held.lease, why);
+            }
+        };
+        let deleted_lease = match released {
+            Err(err) => {
+                // Revoking our own lease deletes the key if it is still attached.
+                revoke_known("release failed");
+                return Err(err);
+            }
+            Ok(None) => {
+                revoke_known("released after loss");
+                return Ok(Released::NotOwner);
+            }
+            Ok(Some(lease)) => lease,
+        };
+        for lease in std::iter::once(deleted_lease)
+            .chain(known.map(|h| h.lease).filter(|&l| l != deleted_lease))
+        {
+            if let Err(err) = self.revoke(key, lease).await {
+                tracing::debug!(key, lease, error = %err, "release: revoking the lease failed; it expires by itself");
+            }
+        }
+        Ok(Released::Deleted)
+    }
+
+    /// Deletes `key` if it is a grant to `token`: `Some(lease of the deleted key)`, or
+    /// `None` if it is not.
+    async fn compare_and_delete(
+        &self,
+        key: &str,
+        token: OwnerToken,
+    ) -> Result<Option<i64>, EtcdLockError> {
+        let ours = token.encode();
+        let answer = self.get(Op::Release, key).await?.0;
+        let mut current = answer.kvs.first().cloned();
+        for _ in 0..3 {
+            let Some(kv) = current.take() else {
+                return Ok(None);
+            };
+            let held = match found(&kv) {
+                Found::Grant(stored, held) if stored.is(&ours) => held,
+                _ => return Ok(None),
+            };
+            let txn = Txn::new()
+                .when([
+                    Compare::value(key, CompareOp::Equal, kv.value),
+                    Compare::lease(key, CompareOp::Equal, held.lease),
+                ])
+                .and_then([TxnOp::delete(key, None)])
+                .or_else([TxnOp::get(key, None)]);
+            let answer = self.txn(Op::Release, key, txn).await?.0;
+            if answer.succeeded {
+                return match answer.responses.first().and_then(|r| r.response.as_ref()) {
+                    Some(PbTxnOpResponse::ResponseDeleteRange(_)) => Ok(Some(held.lease)),
+                    other => Err(self.protocol(
+                        Op::Release,
+                        key,
+                        format_args!("a delete response, etcd answered {other:?}"),
+                    )),
+                };
+            }
+            current = self.range_kv(Op::Release, key, &answer, 0)?.cloned();
+        }
+        Err(self
+            .error(Op::Release, ErrorKind::Service, key)
+            .because("the key changed under each of 3 compare-and-delete attempts"))
+    }
+
+    /// Watches `token`'s grant of `key` (with `fence`, the key's create revision) until
+    /// etcd shows it gone: the key deleted (released, expired with its lease, revoked,
+    /// deleted from outside), or written by anyone else.
+    ///
+    /// First reads the key (gone already → answers at once), then watches it from the
+    /// revision after that read, so nothing in between is missed. Returns an error if
+    /// the read or the watch stream fails, or etcd cancels the watch (compaction, no
+    /// leader); the `LockService` impl then watches again after a pause.
+    pub async fn watch_revocation(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        fence: Fence,
+    ) -> Result<Revoked, EtcdLockError> {
+        self.check_key(Op::Watch, key)?;
+        let value = token.encode();
+        let revision = i64::try_from(fence.0).unwrap_or(i64::MAX);
+        let ours = |kv: &PbKeyValue| {
+            kv.create_revision == revision
+                && Stored::parse(&kv.value).is_some_and(|stored| stored.is(&value))
+        };
+
+        let read = self.get(Op::Watch, key).await?.0;
+        let read_at = read.header.as_ref().map_or(0, |h| h.revision);
+        if read_at <= 0 {
+            return Err(self.protocol(Op::Watch, key, "a read without a revision"));
+        }
+        match read.kvs.first() {
+            None => {
+                return Ok(Revoked {
+                    why: NotHeld::KeyGone,
+                    revision: read_at,
+                })
+            }
+            Some(kv) if !ours(kv) => {
+                return Ok(Revoked {
+                    why: NotHeld::KeyTaken,
+                    revision: read_at,
+                })
+            }
+            Some(_) => {}
+        }
+
+        let options = etcd_client::WatchOptions::new().with_start_revision(read_at + 1);
+        // Creating the stream is bounded; the stream itself lives as long as the grant.
+        let mut stream = self
+            .call(Op::Watch, key, |mut c| {
+                let options = options.clone();
+                async move { c.watch(key, Some(options)).await }
+            })
+            .await?;
+        loop {
+            let answer = match stream.message().await {
+                Ok(Some(answer)) => answer.0,
+                Ok(None) => {
+                    return Err(self
+                        .error(Op::Watch, ErrorKind::Transport, key)
+                        .because("the watch stream ended"))
+                }
+                Err(err) => {
+                    return Err(
+                        EtcdLockError::from_client(Op::Watch, &self.shared.endpoints, err)
+                            .for_key(key),
+                    )
+                }
+            };
+            for event in &answer.events {
+                let Some(kv) = event.kv.as_ref() else {
+                    return Err(self.protocol(Op::Watch, key, "an event without its key"));
+                };
+                let why = match event.r#type {
+                    // PUT: still ours only if it is our value on our creation.
+                    0 if ours(kv) => continue,
+                    0 => NotHeld::KeyTaken,
+                    // DELETE.
+                    1 => NotHeld::KeyGone,
+                    other => {
+                        return Err(self.protocol(
+                            Op::Watch,
+                            key,
+                            format_args!("an event of unknown type {other}"),
+                        ))
+                    }
+                };
+                return Ok(Revoked {
+                    why,
+                    revision: kv.mod_revision,
+                });
+            }
+            if answer.canceled {
+                return Err(self
+                    .error(Op::Watch, ErrorKind::Service, key)
+                    .because(format_args!(
+                        "etcd cancelled the watch: {} (compact revision {})",
+                        answer.cancel_reason, answer.compact_revision
+                    )));
+            }
+        }
+    }
+
+    /// The `n`th response of a transaction, as the key it read (`None`: no such key).
+    fn range_kv<'a>(
+        &self,
+        op: Op,
+        key: &str,
+        answer: &'a PbTxnResponse,
+        n: usize,
+    ) -> Result<Option<&'a PbKeyValue>, EtcdLockError> {
+        match answer.responses.get(n).and_then(|r| r.response.as_ref()) {
+            Some(PbTxnOpResponse::ResponseRange(range)) => Ok(range.kvs.first()),
+            other => Err(self.protocol(
+                op,
+                key,
+                format_args!("a range response at {n}, etcd answered {other:?}"),
+            )),
+        }
+    }
+
+    /// A TTL etcd reported, in seconds: positive, or the reply makes no sense.
+    fn reported_ttl(&self, op: Op, key: &str, secs: i64) -> Result<Duration, EtcdLockError> {
+        match u64::try_from(secs) {
+            Ok(secs) if secs > 0 => Ok(Duration::from_secs(secs)),
+            _ => Err(self.protocol(
+                op,
+                key,
+                format_args!("a positive TTL, etcd answered {secs}"),
+            )),
+        }
+    }
+}
+
+fn fence_of(revision: i64) -> Fence {
+    Fence(u64::try_from(revision).unwrap_or(0))
+}
