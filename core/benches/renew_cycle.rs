@@ -16,7 +16,7 @@ use leasehold::{
     AcquireOutcome, Action, Config, Duration, Event, Fence, Instant, Lease, RenewOutcome, WriteGate,
 };
 
-/// A lease of the lesson's shape (T = 600 ms, renew every 200 ms), held with fence 7.
+/// A lease of T = 600 ms (renew every 200 ms), held with fence 7.
 fn held(gate: &WriteGate) -> Lease {
     let config = Config::builder(Duration::from_millis(600)).build().unwrap();
     let mut lease = Lease::new(config);

@@ -6,11 +6,11 @@
 //! | step | call | publishes (status, term, fence, deadline) |
 //! |---|---|---|
 //! | 0 | `acquire` | Closed, 1, 0, 0 |
-//! | 1 | `handle_acquire_response` (granted) | Held, 1, [`FENCE_A`], [`DEADLINE_A`] |
+//! | 1 | `handle_response` (granted) | Held, 1, [`FENCE_A`], [`DEADLINE_A`] |
 //! | 2 | the [`Ending`] (loss or release) | Lost/Released, 1, [`FENCE_A`], 0 |
 //! | 3 | `acquire` | Closed, 2, 0, 0 |
-//! | 4 | `handle_acquire_response` (granted) | Held, 2, [`FENCE_B`], [`DEADLINE_B`] |
-//! | 5 | `handle_timeout` + `handle_renew_response` | Held, 2, [`FENCE_B`], [`DEADLINE_B2`] |
+//! | 4 | `handle_response` (granted) | Held, 2, [`FENCE_B`], [`DEADLINE_B`] |
+//! | 5 | `handle_timeout` + `handle_response` (renewed) | Held, 2, [`FENCE_B`], [`DEADLINE_B2`] |
 //!
 //! A whole run raced by a reader is far beyond what loom can explore: each racing
 //! publish multiplies the values every reader load may return. Measured here: one
