@@ -826,7 +826,9 @@ impl Lease {
             RenewOutcome::Renewed { ttl } => {
                 // A renewal sets the service's expiry to (handling time + ttl), which
                 // may be earlier than the deadline the gate holds: then the term ends.
-                match self.config.safe_deadline(self.sent_at, ttl) {
+                // Only the TTL asked for counts: the next renewal may *replace* an expiry
+                // set by a longer answer with one only as long as asked.
+                match self.config.safe_deadline(self.sent_at, ttl.min(self.granted)) {
                     Some(deadline) if ttl >= self.granted && deadline >= self.deadline => {
                         self.hold(deadline, now, EventKind::Renewed, gate);
                     }
