@@ -2,11 +2,14 @@
 //! a lock service with a hard TTL, workers and fenced storage. The scenarios and specs
 //! are in `simulation.rs`.
 
+mod client;
+mod engine;
 mod invariants;
 mod rng;
 mod scenario;
 mod service;
 mod tally;
+mod workers;
 mod world;
 
 pub use rng::*;
