@@ -132,7 +132,9 @@ pub fn republish_window(
                 2 => driver.end(ending, ended, &gate),
                 3 => acquire_id = driver.acquire(t2, &gate),
                 4 => driver.grant(t2, acquire_id, FENCE_B, DEADLINE_B, &gate),
-                _ => driver.renew(t2 + Duration::from_secs(10), DEADLINE_B2, &gate),
+                // A renewal counts for at most the TTL granted (`DEADLINE_B - t2`), so
+                // it goes out when `DEADLINE_B2` is exactly that far away.
+                _ => driver.renew(t2 + (DEADLINE_B2 - DEADLINE_B), DEADLINE_B2, &gate),
             }
         }
         reader.expect("spawned").join().expect("reader");

@@ -27,7 +27,9 @@ pub const fn at(ms: u64) -> Instant {
 /// Renewals follow the *granted* TTL (every `granted × renew_interval / ttl`), and the
 /// scripts' grants are long (about 4,295 s and 8,590 s, see [`DEADLINE_A`]): a renew
 /// interval of 30 ms per 30 s puts their renewals due 4.3 s and 8.6 s after the grant
-/// was sent, before the instants at which the scripts renew (10 s after it).
+/// was sent, before the instants at which the scripts renew (10 s after the first
+/// grant; for the second, when the renewed deadline is one granted TTL away, as a
+/// renewal counts for at most the TTL granted).
 pub fn config() -> Config {
     builder().build().expect("a valid config")
 }
