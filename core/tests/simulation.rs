@@ -465,6 +465,44 @@ fn a_release_while_the_acquire_is_in_flight_leaves_only_a_grant_the_ttl_ends() {
     assert!(fence > zombie.fence);
 }
 
+/// A final refusal ends an acquire at once, whatever its wait bound: no retry.
+#[test]
+fn a_refused_acquire_ends_at_once_and_is_never_retried() {
+    let mut sim = Sim::scripted(Scenario::calm(t600(), 1));
+    sim.refuse(Kind::Acquire);
+    sim.acquire(A, at(ms(0)));
+    sim.run_until(at(ms(1_000)));
+    let refused = AcquireFailure::Refused(Refusal::Unauthorized);
+    assert_eq!(sim.state(A), State::NotAcquired(refused));
+    let failed = Event::AcquireFailed {
+        reason: refused,
+        retry_at: None,
+    };
+    assert_eq!(sim.events_of(A), [failed]);
+    assert_eq!(
+        sim.sent.len(),
+        1,
+        "one acquire, no retry, nothing to release"
+    );
+}
+
+/// A refused renewal ends the term (`Refused`) at once, not at the deadline; the
+/// service changed nothing, so its TTL frees the key.
+#[test]
+fn a_refused_renewal_ends_the_term_at_once() {
+    let mut sim = Sim::scripted(Scenario::calm(t600(), 1));
+    sim.acquire(A, at(ms(0)));
+    sim.run_until(at(ms(300)));
+    let fence = assert_holds(&mut sim, A);
+    sim.refuse(Kind::Renew);
+    sim.run_until(at(ms(409)));
+    assert_holds(&mut sim, A);
+    sim.run_until(at(ms(410)));
+    assert_lost(&sim, A, LossReason::Refused);
+    assert_eq!(sim.check(A), Err(GateError::Lost(LossReason::Refused)));
+    assert_eq!(sim.service.grant(fence).unwrap().ended, None);
+}
+
 /// (c) Without faults, a lone client keeps its lease: not one loss, not one failed
 /// renewal, not one refused write, for 1,000 renew periods, at both ends of the drift
 /// bound and with jitter up to a quarter of the request timeout each way.

@@ -111,6 +111,8 @@ pub struct Service {
     pub ttl_policy: TtlPolicy,
     /// Scripted TTLs for the coming renewals (see `Sim::renewals_answered`).
     pub renew_script: VecDeque<Duration>,
+    /// Scripted final refusals: the next requests of these kinds (see `Sim::refuse`).
+    pub refuse_script: VecDeque<Kind>,
     pub renew_compare: Compare,
     /// Every grant ever made, in fence order.
     pub grants: Vec<Grant>,
@@ -127,6 +129,7 @@ impl Service {
             fence_step: scn.fence_step,
             ttl_policy: scn.ttl_policy,
             renew_script: VecDeque::new(),
+            refuse_script: VecDeque::new(),
             renew_compare: scn.renew_compare,
             grants: Vec::new(),
             holder: None,
@@ -200,7 +203,11 @@ impl Service {
             regranted: false,
             shortened: false,
         };
-        if req.kind != Kind::Release && rng.chance(conduct.refuse_ppm) {
+        let scripted = self.refuse_script.front() == Some(&req.kind);
+        if scripted {
+            self.refuse_script.pop_front();
+        }
+        if req.kind != Kind::Release && (scripted || rng.chance(conduct.refuse_ppm)) {
             // A final refusal (our credentials were revoked): nothing changes.
             answer.reply = match req.kind {
                 Kind::Acquire => {

@@ -362,6 +362,11 @@ impl Sim {
         self.schedule(when, Happening::AcquireUntil { who, wait });
     }
 
+    /// The service refuses the next request of `kind` for good (`Unauthorized`).
+    pub fn refuse(&mut self, kind: Kind) {
+        self.service.refuse_script.push_back(kind);
+    }
+
     /// The service answers the coming renewals (of any client) with these TTLs, in
     /// order, applying each as the new expiry; then as asked again.
     pub fn renewals_answered(&mut self, ttls: &[Duration]) {
