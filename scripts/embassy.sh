@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The embassy stage: what `cargo test --workspace` cannot do.
 #
-#   1. the std-driver tests (adapters/runtime/embassy-std-tests): excluded from the workspace
-#      because embassy-time's `std` driver and the mock driver of
-#      adapters/runtime/embassy-mock-tests cannot share one feature-unified build;
+#   1. the std-driver and defmt tests (adapters/runtime/embassy-std-tests): excluded from
+#      the workspace because embassy-time's `std` driver and the mock driver that
+#      leasehold-embassy's own tests use cannot share one feature-unified build;
 #   2. the firmware example (examples/firmware, its own lock file) for thumbv7em and
 #      thumbv6m, with and without the lease, checked with rustfmt and clippy;
 #   3. scripts/firmware-size.sh: the flash / RAM / stack / panic-path table (it fails

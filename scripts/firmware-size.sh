@@ -33,6 +33,9 @@
 #                   the functions that still call a panic routine are listed.
 set -euo pipefail
 cd "$(dirname "$0")/../examples/firmware"
+# Where cargo puts the firmware's builds: CARGO_TARGET_DIR if set (e.g. a worktree's
+# shared target), else the firmware's own `target`. The copies go to target/size here.
+build_dir="${CARGO_TARGET_DIR:-target}"
 
 SIZE=arm-none-eabi-size
 NM=arm-none-eabi-nm
@@ -44,7 +47,7 @@ build() { # target, bin, features... -> path of a copy of the ELF
     shift 3
     cargo build --locked -q --release --target "$target" --bin "$bin" "$@"
     mkdir -p target/size
-    cp "target/$target/release/$bin" "target/size/$bin-$target-$tag"
+    cp "$build_dir/$target/release/$bin" "target/size/$bin-$target-$tag"
     echo "target/size/$bin-$target-$tag"
 }
 
@@ -84,7 +87,7 @@ stack_start() { # target, machine, features: builds, then runs QEMU in the backg
     local elf="target/size/firmware-$target-qemu-$features"
     cargo build --locked -q --release --target "$target" --bin firmware \
         --no-default-features --features "$features"
-    cp "target/$target/release/firmware" "$elf"
+    cp "$build_dir/$target/release/firmware" "$elf"
     timeout 120 qemu-system-arm -M "$machine" -nographic \
         -semihosting-config enable=on,target=native -kernel "$elf" >"$elf.log" 2>&1 &
 }

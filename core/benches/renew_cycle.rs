@@ -2,7 +2,7 @@
 //!
 //! * `renew_cycle`: one full renewal as a driver runs it — `poll_timeout` gives the
 //!   renew instant, `handle_timeout` there, `poll_action` gives `Renew`,
-//!   `handle_renew_response(Renewed)`, `poll_event` gives `Renewed` (target ≤ 50 ns);
+//!   `handle_response(Renewed)`, `poll_event` gives `Renewed` (target ≤ 50 ns);
 //! * `gate_check`: one `WriteGate::check` on a held gate, what every write pays;
 //! * the sizes of `Lease` and `WriteGate` (targets ≤ 128 and ≤ 24 bytes), printed first.
 //!
@@ -16,7 +16,7 @@ use leasehold::{
     AcquireOutcome, Action, Config, Duration, Event, Fence, Instant, Lease, RenewOutcome, WriteGate,
 };
 
-/// A lease of the lesson's shape (T = 600 ms, renew every 200 ms), held with fence 7.
+/// A lease of T = 600 ms (renew every 200 ms), held with fence 7.
 fn held(gate: &WriteGate) -> Lease {
     let config = Config::builder(Duration::from_millis(600)).build().unwrap();
     let mut lease = Lease::new(config);
@@ -26,7 +26,7 @@ fn held(gate: &WriteGate) -> Lease {
         fence: Fence(7),
         ttl: config.ttl(),
     };
-    (lease.handle_acquire_response(Instant::from_millis(5), id, granted, gate)).unwrap();
+    (lease.handle_response(Instant::from_millis(5), id, granted.into(), gate)).unwrap();
     assert!(matches!(lease.poll_event(), Some(Event::Acquired { .. })));
     lease
 }
@@ -46,7 +46,7 @@ fn renew_cycle(c: &mut Criterion) {
             };
             let answer = black_box(renewed);
             lease
-                .handle_renew_response(at, black_box(id), answer, &gate)
+                .handle_response(at, black_box(id), answer.into(), &gate)
                 .unwrap();
             let Some(Event::Renewed { deadline }) = lease.poll_event() else {
                 unreachable!("the renewal was confirmed")
@@ -54,13 +54,13 @@ fn renew_cycle(c: &mut Criterion) {
             deadline
         })
     });
-    assert_eq!(gate.check(lease.now()), Ok(Fence(7)));
+    assert_eq!(gate.check(lease.latest_instant()), Ok(Fence(7)));
 }
 
 fn gate_check(c: &mut Criterion) {
     let gate = WriteGate::new();
     let lease = held(&gate);
-    let now = lease.now();
+    let now = lease.latest_instant();
     c.bench_function("gate_check", |b| b.iter(|| gate.check(black_box(now))));
 }
 

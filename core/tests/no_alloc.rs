@@ -1,5 +1,5 @@
-//! The lease never allocates: a whole life of a [`Lease`] — many terms of acquiring,
-//! renewing, failing, retrying, losing in every way and releasing, with the gate
+//! The lease never allocates: a whole life of a [`Lease`] — many terms of acquiring
+//! (refused, held by another, granted too short, granted), renewing, failing, retrying, losing in every way and releasing, with the gate
 //! checked throughout — runs under a counting global allocator and makes zero heap
 //! allocations.
 //!
@@ -10,8 +10,9 @@
 
 use allocation_counter::measure;
 use leasehold::{
-    AcquireOutcome, Action, Config, Duration, Event, Fence, FenceGate, Indeterminate, Instant,
-    Lease, LossReason, Owner, ReleaseOutcome, RenewOutcome, RequestId, State, WriteGate,
+    AcquireOutcome, Action, Config, Duration, Event, Fence, FenceGate, Holder, Identity,
+    Indeterminate, Instant, Lease, LossReason, Owner, Refusal, ReleaseOutcome, RenewOutcome,
+    RequestId, State, WriteGate,
 };
 
 const fn ms(n: u64) -> Duration {
@@ -42,10 +43,42 @@ fn acquire(lease: &mut Lease, gate: &WriteGate, t: Instant, fence: Fence) {
     let ttl = lease.config().ttl();
     let granted = AcquireOutcome::Granted { fence, ttl };
     lease
-        .handle_acquire_response(t + ms(5), id, granted, gate)
+        .handle_response(t + ms(5), id, granted.into(), gate)
         .unwrap();
     assert!(matches!(event(lease), Event::Acquired { .. }));
     assert_eq!(gate.check(t + ms(6)), Ok(fence));
+}
+
+/// Acquires that end without a grant, each way: the key held by another until the
+/// wait bound runs out, a final refusal, and a grant too short to hold (released).
+#[track_caller]
+fn failed_acquires(lease: &mut Lease, gate: &WriteGate, t: Instant) {
+    let holder = Holder {
+        identity: Identity::new("host-7:4711").unwrap(),
+        fence: Fence(1),
+        remaining: ms(300),
+    };
+    let attempts = [
+        AcquireOutcome::HeldByAnother(holder),
+        AcquireOutcome::Refused(Refusal::Unauthorized),
+        AcquireOutcome::Granted {
+            fence: Fence(1),
+            ttl: ms(1),
+        },
+    ];
+    for outcome in attempts {
+        // `give_up_at == now`: one attempt only.
+        lease.acquire_until(t, t, gate).unwrap();
+        let id = sent(lease).id();
+        let _ = lease.handle_response(t + ms(5), id, outcome.into(), gate);
+        while lease.poll_action().is_some() {}
+        assert!(matches!(
+            event(lease),
+            Event::AcquireFailed { retry_at: None, .. }
+        ));
+        assert!(matches!(lease.state(), State::NotAcquired(_)));
+        assert!(gate.check(t + ms(6)).is_err());
+    }
 }
 
 /// Renews at the lease's own timer, the answer arriving 5 ms later; the renew time.
@@ -55,7 +88,7 @@ fn renew(lease: &mut Lease, gate: &WriteGate, outcome: RenewOutcome) -> Instant 
     lease.handle_timeout(t, gate);
     let id = sent(lease).id();
     lease
-        .handle_renew_response(t + ms(5), id, outcome, gate)
+        .handle_response(t + ms(5), id, outcome.into(), gate)
         .unwrap();
     t
 }
@@ -70,6 +103,7 @@ fn lifetime(config: Config, terms: u64) {
     let renewed = RenewOutcome::Renewed { ttl: config.ttl() };
     for n in 0..terms {
         let fence = Fence(n + 1);
+        failed_acquires(&mut lease, &gate, t);
         acquire(&mut lease, &gate, t, fence);
         // Drivers render the owner token for text protocols: no allocation either.
         assert!(owner.token(lease.term()).encode().as_bytes().len() > 32);
@@ -90,7 +124,7 @@ fn lifetime(config: Config, terms: u64) {
         assert!(matches!(event(&mut lease), Event::RenewFailed { .. }));
         let late = RenewOutcome::Renewed { ttl: config.ttl() };
         assert!(lease
-            .handle_renew_response(timeout, lost_id, late, &gate)
+            .handle_response(timeout, lost_id, late.into(), &gate)
             .is_err());
         renew(&mut lease, &gate, renewed);
         assert!(matches!(event(&mut lease), Event::Renewed { .. }));
@@ -98,7 +132,7 @@ fn lifetime(config: Config, terms: u64) {
         let why = RenewOutcome::Indeterminate(Indeterminate::Service);
         renew(&mut lease, &gate, why);
         assert!(matches!(event(&mut lease), Event::RenewFailed { .. }));
-        let stale = lease.handle_renew_response(t, RequestId(0), renewed, &gate);
+        let stale = lease.handle_response(t, RequestId(0), renewed.into(), &gate);
         assert!(stale.is_err());
         renew(&mut lease, &gate, renewed);
         assert!(matches!(event(&mut lease), Event::Renewed { .. }));
@@ -106,11 +140,11 @@ fn lifetime(config: Config, terms: u64) {
         // End the term, each way in turn.
         match n % 5 {
             0 => {
-                lease.release(lease.now(), &gate).unwrap();
+                lease.release(lease.latest_instant(), &gate).unwrap();
                 let id = sent(&mut lease).id();
                 let done = ReleaseOutcome::Released;
                 lease
-                    .handle_release_response(lease.now() + ms(5), id, done, &gate)
+                    .handle_response(lease.latest_instant() + ms(5), id, done.into(), &gate)
                     .unwrap();
                 assert_eq!(event(&mut lease), Event::Released);
             }
@@ -132,7 +166,9 @@ fn lifetime(config: Config, terms: u64) {
                 assert_eq!(lease.state(), State::Lost(LossReason::Expired));
             }
             3 => {
-                lease.handle_revoked(lease.now(), fence, &gate).unwrap();
+                lease
+                    .handle_revoked(lease.latest_instant(), fence, &gate)
+                    .unwrap();
                 let lost = Event::Lost {
                     reason: LossReason::Revoked,
                 };
@@ -149,12 +185,12 @@ fn lifetime(config: Config, terms: u64) {
             }
         }
         while lease.poll_action().is_some() {}
-        assert!(gate.check(lease.now()).is_err());
+        assert!(gate.check(lease.latest_instant()).is_err());
         assert!(
             storage.admit(Fence(n)).is_err(),
             "an older fence is refused"
         );
-        t = lease.now() + config.ttl();
+        t = lease.latest_instant() + config.ttl();
     }
     assert!(lease.stats().stale_responses >= terms as u32 * 2);
 }

@@ -11,16 +11,20 @@
 //! * a response that is stale for sure (its id or kind is not the newest request's; a
 //!   revocation of a fence not held) is refused with `StaleResponse`, and a refused
 //!   response changes nothing but the stale counter — except what time alone does (a
-//!   deadline reached expires the lease);
+//!   deadline reached expires the lease), and a late renewal answer of the held term
+//!   that proves the grant gone or shortened (`NotOwner`, `Refused`, a TTL below the
+//!   granted one), which must end the term with that reason;
+//! * an acquire ends as `NotAcquired` only with `AcquireFailed { retry_at: None }`, and
+//!   a grant the config cannot hold (`GrantTooShort`) never opens the gate;
 //! * each call yields at most one action and one event; `handle_timeout` twice at the
 //!   same instant is the same as once.
 //!
 //! `PROPTEST_CASES` raises the number of cases.
 
 use leasehold::{
-    AcquireOutcome, Action, Config, Duration, Event, Fence, GateSnapshot, GateStatus,
-    Indeterminate, Instant, Lease, LossReason, ReleaseOutcome, RenewOutcome, RequestId, State,
-    Term, WriteGate,
+    AcquireFailure, AcquireOutcome, Action, Config, Duration, Event, Fence, GateSnapshot,
+    GateStatus, Holder, Identity, Indeterminate, Instant, Lease, LossReason, Refusal,
+    ReleaseOutcome, RenewOutcome, RequestId, Response, State, Term, WriteGate,
 };
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
@@ -49,6 +53,8 @@ enum When {
 #[derive(Clone, Copy, Debug)]
 enum Op {
     Acquire,
+    /// `acquire_until` this long after `now` (zero: try once).
+    AcquireUntil(u64),
     Release,
     Timeout,
     AcquireResponse(Id, AcquireOutcome),
@@ -74,8 +80,26 @@ fn indeterminate() -> impl Strategy<Value = Indeterminate> {
         Just(Indeterminate::Transport),
         Just(Indeterminate::Protocol),
         Just(Indeterminate::Service),
-        Just(Indeterminate::LateSuccess),
     ]
+}
+
+fn refusal() -> impl Strategy<Value = Refusal> {
+    prop_oneof![
+        Just(Refusal::InvalidKey),
+        Just(Refusal::WrongType),
+        Just(Refusal::Unauthorized),
+        Just(Refusal::Unsupported),
+    ]
+}
+
+fn holder() -> impl Strategy<Value = Holder> {
+    (fence(), ttl(), prop_oneof![Just(""), Just("host-7:4711")]).prop_map(
+        |(fence, remaining, name)| Holder {
+            identity: Identity::new(name).unwrap(),
+            fence,
+            remaining,
+        },
+    )
 }
 
 fn ttl() -> impl Strategy<Value = Duration> + Clone {
@@ -108,7 +132,8 @@ fn when() -> impl Strategy<Value = When> {
 fn acquired(ttl: impl Strategy<Value = Duration>) -> impl Strategy<Value = AcquireOutcome> {
     prop_oneof![
         3 => (fence(), ttl).prop_map(|(fence, ttl)| AcquireOutcome::Granted { fence, ttl }),
-        1 => Just(AcquireOutcome::HeldByAnother),
+        1 => holder().prop_map(AcquireOutcome::HeldByAnother),
+        1 => refusal().prop_map(AcquireOutcome::Refused),
         1 => indeterminate().prop_map(AcquireOutcome::Indeterminate),
     ]
 }
@@ -117,6 +142,7 @@ fn renewed(ttl: impl Strategy<Value = Duration>) -> impl Strategy<Value = RenewO
     prop_oneof![
         6 => ttl.prop_map(|ttl| RenewOutcome::Renewed { ttl }),
         1 => Just(RenewOutcome::NotOwner),
+        1 => refusal().prop_map(RenewOutcome::Refused),
         2 => indeterminate().prop_map(RenewOutcome::Indeterminate),
     ]
 }
@@ -125,6 +151,7 @@ fn released() -> impl Strategy<Value = ReleaseOutcome> {
     prop_oneof![
         Just(ReleaseOutcome::Released),
         Just(ReleaseOutcome::NotOwner),
+        refusal().prop_map(ReleaseOutcome::Refused),
         indeterminate().prop_map(ReleaseOutcome::Indeterminate),
     ]
 }
@@ -142,6 +169,7 @@ fn answer(ttl: impl Strategy<Value = Duration> + Clone) -> impl Strategy<Value =
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         2 => Just(Op::Acquire),
+        1 => prop_oneof![Just(0u64), 0u64..3_000_000].prop_map(Op::AcquireUntil),
         1 => Just(Op::Release),
         4 => Just(Op::Timeout),
         2 => (id(), acquired(ttl())).prop_map(|(id, o)| Op::AcquireResponse(id, o)),
@@ -188,6 +216,7 @@ struct Observed {
     deadline: Option<Instant>,
     timeout: Option<Instant>,
     paused: bool,
+    granted: Option<Duration>,
     gate: GateSnapshot,
 }
 
@@ -217,6 +246,7 @@ impl Harness {
             deadline: self.lease.deadline(),
             timeout: self.lease.poll_timeout(),
             paused: self.lease.writes_paused(),
+            granted: self.lease.granted_ttl(),
             gate: self.gate.snapshot().unwrap(),
         }
     }
@@ -262,6 +292,11 @@ impl Harness {
                 let _ = self.lease.acquire(now, gate);
                 (false, false)
             }
+            Op::AcquireUntil(wait) => {
+                let give_up_at = now.saturating_add(Duration::from_micros(wait));
+                let _ = self.lease.acquire_until(now, give_up_at, gate);
+                (false, false)
+            }
             Op::Release => {
                 let _ = self.lease.release(now, gate);
                 (false, false)
@@ -273,19 +308,19 @@ impl Harness {
             Op::AcquireResponse(id, o) => {
                 let id = self.id(id);
                 let must = self.surely_stale(id, is_acquire);
-                let refused = self.lease.handle_acquire_response(now, id, o, gate);
+                let refused = self.lease.handle_response(now, id, o.into(), gate);
                 (refused.is_err(), must)
             }
             Op::RenewResponse(id, o) => {
                 let id = self.id(id);
                 let must = self.surely_stale(id, is_renew);
-                let refused = self.lease.handle_renew_response(now, id, o, gate);
+                let refused = self.lease.handle_response(now, id, o.into(), gate);
                 (refused.is_err(), must)
             }
             Op::ReleaseResponse(id, o) => {
                 let id = self.id(id);
                 let must = self.surely_stale(id, is_release);
-                let refused = self.lease.handle_release_response(now, id, o, gate);
+                let refused = self.lease.handle_response(now, id, o.into(), gate);
                 (refused.is_err(), must)
             }
             Op::Revoked(fence) => {
@@ -293,29 +328,40 @@ impl Harness {
                 let fence = fence.or(held).unwrap_or(Fence(0));
                 // Unless time alone expires the lease first, a notice about a fence
                 // other than the one held is stale.
-                let due = (self.lease.deadline()).is_some_and(|d| self.lease.now().max(now) >= d);
+                let due = (self.lease.deadline()).is_some_and(|d| {
+                    d != Instant::MAX && self.lease.latest_instant().max(now) >= d
+                });
                 let must = !due && held != Some(fence);
                 let refused = self.lease.handle_revoked(now, fence, gate);
                 (refused.is_err(), must)
             }
             Op::Answer(a) => {
-                let refused = match self.last_action {
-                    Some(Action::Acquire { id, .. }) => {
-                        (self.lease).handle_acquire_response(now, id, a.acquire, gate)
-                    }
-                    Some(Action::Renew { id, .. }) => {
-                        (self.lease).handle_renew_response(now, id, a.renew, gate)
-                    }
-                    Some(Action::Release { id, .. }) => {
-                        (self.lease).handle_release_response(now, id, a.release, gate)
-                    }
-                    // An answer to nothing at all.
-                    None => {
-                        (self.lease).handle_acquire_response(now, RequestId(0), a.acquire, gate)
-                    }
-                };
+                let (id, response) = self.answer(a);
+                let refused = self.lease.handle_response(now, id, response, gate);
                 (refused.is_err(), self.last_action.is_none())
             }
+        }
+    }
+
+    /// The answer `a` gives to the newest request (to request 0 if there was none).
+    fn answer(&self, a: Answer) -> (RequestId, Response) {
+        match self.last_action {
+            Some(Action::Acquire { id, .. }) => (id, a.acquire.into()),
+            Some(Action::Renew { id, .. }) => (id, a.renew.into()),
+            Some(Action::Release { id, .. }) => (id, a.release.into()),
+            // An answer to nothing at all.
+            None => (RequestId(0), a.acquire.into()),
+        }
+    }
+
+    /// The request id and response `op` feeds in, if it is an answer.
+    fn response_of(&self, op: Op) -> Option<(RequestId, Response)> {
+        match op {
+            Op::AcquireResponse(id, o) => Some((self.id(id), o.into())),
+            Op::RenewResponse(id, o) => Some((self.id(id), o.into())),
+            Op::ReleaseResponse(id, o) => Some((self.id(id), o.into())),
+            Op::Answer(a) => Some(self.answer(a)),
+            _ => None,
         }
     }
 
@@ -338,7 +384,11 @@ impl Harness {
     fn check(&mut self, events: &[Event]) -> Result<(), TestCaseError> {
         let seen = self.observe();
         let lease = &self.lease;
-        prop_assert_eq!(lease.now(), self.latest, "time never goes backwards inside");
+        prop_assert_eq!(
+            lease.latest_instant(),
+            self.latest,
+            "time never goes backwards inside"
+        );
         prop_assert_eq!(lease.stats().overwritten_events, 0);
         prop_assert_eq!(seen.gate.term, seen.term.0 & 0x0fff_ffff);
         let held = matches!(seen.state, State::Holding | State::RenewPending);
@@ -389,7 +439,7 @@ impl Harness {
         // A closed term stays closed, and its gate refuses at any instant.
         if let Some(closed) = self.closed {
             let fine = match closed {
-                State::Lost(_) | State::Released => seen.state == closed,
+                State::Lost(_) | State::Released | State::NotAcquired(_) => seen.state == closed,
                 _ => matches!(seen.state, State::Releasing | State::Released),
             };
             prop_assert!(fine, "term closed as {:?}, now {:?}", closed, seen.state);
@@ -400,7 +450,7 @@ impl Harness {
         }
         if matches!(
             seen.state,
-            State::Lost(_) | State::Releasing | State::Released
+            State::Lost(_) | State::Releasing | State::Released | State::NotAcquired(_)
         ) {
             self.closed = Some(seen.state);
             for t in probes {
@@ -418,9 +468,23 @@ impl Harness {
                     prop_assert_eq!(seen.gate.status, GateStatus::Lost(reason));
                 }
                 Event::Released => prop_assert_eq!(seen.gate.status, GateStatus::Released),
-                Event::Acquired { term, fence, .. } => {
+                Event::Acquired {
+                    term,
+                    fence,
+                    granted,
+                    ..
+                } => {
                     prop_assert_eq!(term, seen.term);
                     prop_assert_eq!(Some(fence), seen.fence);
+                    prop_assert_eq!(Some(granted), seen.granted);
+                    prop_assert!(self.lease.config().accepts_grant(granted));
+                }
+                Event::AcquireFailed { reason, retry_at } => {
+                    let over = matches!(seen.state, State::NotAcquired(r) if r == reason);
+                    prop_assert_eq!(retry_at.is_none(), over, "{:?}", seen.state);
+                    if reason == AcquireFailure::GrantTooShort {
+                        prop_assert_eq!(seen.gate.status, GateStatus::Closed);
+                    }
                 }
                 _ => {}
             }
@@ -445,8 +509,10 @@ fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
     for &(when, op) in steps {
         h.advance(when);
         let before = h.observe();
-        let latest_before = h.lease.now();
+        let latest_before = h.lease.latest_instant();
         let stale_before = h.lease.stats().stale_responses;
+        let response = h.response_of(op);
+        let newest = h.ids.last().copied().unwrap_or(RequestId(0));
         let (stale, must) = h.apply(op);
         prop_assert!(stale || !must, "a stale answer was taken: {:?}", op);
         let (actions, events) = h.drain();
@@ -462,7 +528,25 @@ fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
             prop_assert_eq!(stale_after, stale_before.saturating_add(1));
             // Time alone may expire a held lease: the only change a stale answer may see.
             let now = latest_before.max(h.now);
-            let expired = before.deadline.is_some_and(|d| now >= d);
+            // (`Instant::MAX` is the lease's "never": a deadline saturated there never
+            // passes.)
+            let expired = before
+                .deadline
+                .is_some_and(|d| d != Instant::MAX && now >= d);
+            // A late renewal answer of the held term that proves the grant gone or
+            // shortened ends it (the one other change a stale answer may make).
+            let this_term = |id: RequestId| id.0 >> 32 == u64::from(before.term.0) && id <= newest;
+            let proves = match response {
+                Some((id, Response::Renew(outcome))) if this_term(id) => match outcome {
+                    RenewOutcome::NotOwner => Some(LossReason::NotOwner),
+                    RenewOutcome::Refused(_) => Some(LossReason::Refused),
+                    RenewOutcome::Renewed { ttl } if Some(ttl) < before.granted => {
+                        Some(LossReason::Shortened)
+                    }
+                    _ => None,
+                },
+                _ => None,
+            };
             if expired {
                 prop_assert_eq!(after.state, State::Lost(LossReason::Expired));
                 prop_assert_eq!(
@@ -471,6 +555,9 @@ fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
                         reason: LossReason::Expired
                     }]
                 );
+            } else if let (Some(reason), Some(_)) = (proves, before.fence) {
+                prop_assert_eq!(after.state, State::Lost(reason), "late {:?}", response);
+                prop_assert_eq!(&events, &[Event::Lost { reason }]);
             } else {
                 prop_assert_eq!(&after, &before, "a stale answer changed the lease");
                 prop_assert!(actions.is_empty() && events.is_empty());
@@ -589,9 +676,12 @@ fn handle_timeout_at_the_end_of_time_is_idempotent() {
     assert!(matches!(lease.poll_action(), Some(Action::Acquire { .. })));
     lease.handle_timeout(end - ms(10), &gate);
     let failed = Event::AcquireFailed {
-        reason: leasehold::AcquireFailure::Indeterminate(Indeterminate::Timeout),
-        retry_at: Instant::MAX,
+        reason: AcquireFailure::Indeterminate(Indeterminate::Timeout),
+        retry_at: None,
     };
+    // The retry would fall past the end of time: the acquire gives up, releasing what
+    // the timed-out attempt may have been granted.
+    assert!(matches!(lease.poll_action(), Some(Action::Release { .. })));
     assert_eq!(lease.poll_event(), Some(failed));
     assert_eq!(lease.poll_timeout(), None);
     idle(&mut lease, &gate);

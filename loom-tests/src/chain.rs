@@ -6,11 +6,11 @@
 //! | step | call | publishes (status, term, fence, deadline) |
 //! |---|---|---|
 //! | 0 | `acquire` | Closed, 1, 0, 0 |
-//! | 1 | `handle_acquire_response` (granted) | Held, 1, [`FENCE_A`], [`DEADLINE_A`] |
+//! | 1 | `handle_response` (granted) | Held, 1, [`FENCE_A`], [`DEADLINE_A`] |
 //! | 2 | the [`Ending`] (loss or release) | Lost/Released, 1, [`FENCE_A`], 0 |
 //! | 3 | `acquire` | Closed, 2, 0, 0 |
-//! | 4 | `handle_acquire_response` (granted) | Held, 2, [`FENCE_B`], [`DEADLINE_B`] |
-//! | 5 | `handle_timeout` + `handle_renew_response` | Held, 2, [`FENCE_B`], [`DEADLINE_B2`] |
+//! | 4 | `handle_response` (granted) | Held, 2, [`FENCE_B`], [`DEADLINE_B`] |
+//! | 5 | `handle_timeout` + `handle_response` (renewed) | Held, 2, [`FENCE_B`], [`DEADLINE_B2`] |
 //!
 //! A whole run raced by a reader is far beyond what loom can explore: each racing
 //! publish multiplies the values every reader load may return. Measured here: one
@@ -132,7 +132,9 @@ pub fn republish_window(
                 2 => driver.end(ending, ended, &gate),
                 3 => acquire_id = driver.acquire(t2, &gate),
                 4 => driver.grant(t2, acquire_id, FENCE_B, DEADLINE_B, &gate),
-                _ => driver.renew(t2 + Duration::from_secs(10), DEADLINE_B2, &gate),
+                // A renewal counts for at most the TTL granted (`DEADLINE_B - t2`), so
+                // it goes out when `DEADLINE_B2` is exactly that far away.
+                _ => driver.renew(t2 + (DEADLINE_B2 - DEADLINE_B), DEADLINE_B2, &gate),
             }
         }
         reader.expect("spawned").join().expect("reader");

@@ -1,8 +1,8 @@
 //! A scripted driver for the real [`Lease`], plus what its gate may legally show.
 
 use leasehold::{
-    AcquireOutcome, Action, Config, Duration, Fence, GateError, GateSnapshot, GateStatus, Instant,
-    Lease, LossReason, RenewOutcome, RequestId, State, WriteGate,
+    AcquireOutcome, Action, Config, ConfigBuilder, Duration, Fence, GateError, GateSnapshot,
+    GateStatus, Instant, Lease, LossReason, RenewOutcome, RequestId, State, WriteGate,
 };
 
 /// Fence of the first term. Both 32-bit halves differ from [`FENCE_B`]'s.
@@ -21,15 +21,25 @@ pub const fn at(ms: u64) -> Instant {
     Instant::from_millis(ms)
 }
 
-/// A 30 s lease (renewal due 10 s after a grant was sent) with no drift allowance and
-/// no margin, so a grant's safe deadline is exactly `sent + granted ttl` and the
-/// scripts can pick every deadline bit for bit.
+/// A 30 s lease with no drift allowance and no margin, so a grant's safe deadline is
+/// exactly `sent + granted ttl` and the scripts can pick every deadline bit for bit.
+///
+/// Renewals follow the *granted* TTL (every `granted × renew_interval / ttl`), and the
+/// scripts' grants are long (about 4,295 s and 8,590 s, see [`DEADLINE_A`]): a renew
+/// interval of 30 ms per 30 s puts their renewals due 4.3 s and 8.6 s after the grant
+/// was sent, before the instants at which the scripts renew (10 s after the first
+/// grant; for the second, when the renewed deadline is one granted TTL away, as a
+/// renewal counts for at most the TTL granted).
 pub fn config() -> Config {
+    builder().build().expect("a valid config")
+}
+
+/// [`config`]'s builder, for variations (e.g. fail-closed).
+pub const fn builder() -> ConfigBuilder {
     Config::builder(Duration::from_secs(30))
+        .renew_interval(Duration::from_millis(30))
         .margin(Duration::ZERO)
         .drift_ppm(0)
-        .build()
-        .expect("a valid config")
 }
 
 /// How the [`Driver`] ends a held term.
@@ -150,7 +160,7 @@ impl Driver {
             ttl: deadline - self.sent,
         };
         self.lease
-            .handle_acquire_response(now, id, granted, gate)
+            .handle_response(now, id, granted.into(), gate)
             .expect("grant accepted");
         assert_eq!(self.lease.state(), State::Holding);
         assert_eq!(self.lease.deadline(), Some(deadline));
@@ -186,7 +196,7 @@ impl Driver {
             ttl: deadline - self.sent,
         };
         self.lease
-            .handle_renew_response(now, id, renewed, gate)
+            .handle_response(now, id, renewed.into(), gate)
             .expect("renewal accepted");
         assert_eq!(self.lease.state(), State::Holding);
         assert_eq!(self.lease.deadline(), Some(deadline));
@@ -200,7 +210,7 @@ impl Driver {
             Ending::NotOwner => {
                 let id = self.send_renewal(now, gate);
                 self.lease
-                    .handle_renew_response(now, id, RenewOutcome::NotOwner, gate)
+                    .handle_response(now, id, RenewOutcome::NotOwner.into(), gate)
                     .expect("renewal answer accepted");
             }
             Ending::Expired => self.lease.handle_timeout(now, gate),
@@ -216,7 +226,7 @@ impl Driver {
                     ttl: Duration::from_millis(1),
                 };
                 self.lease
-                    .handle_renew_response(now, id, shorter, gate)
+                    .handle_response(now, id, shorter.into(), gate)
                     .expect("renewal answer accepted");
             }
             Ending::Released => self.lease.release(now, gate).expect("release allowed"),

@@ -11,8 +11,8 @@
 
 use leasehold::{Config, Duration, GateError, GateStatus, Instant, State, WriteGate};
 use leasehold_loom_tests::{
-    assert_check_published, at, check, config, published, Driver, Ending, Witness, DEADLINE_A,
-    FENCE_A,
+    assert_check_published, at, builder, check, config, published, Driver, Ending, Witness,
+    DEADLINE_A, FENCE_A,
 };
 use loom::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use loom::sync::{mpsc, Arc, Mutex};
@@ -279,12 +279,7 @@ fn learns_of_fail_closed_pause_through_flag() {
     let witness = Witness::new();
     let seen = witness.clone();
     check("learn_of_loss/flag/fail-closed pause", move || {
-        let config = Config::builder(Duration::from_secs(30))
-            .margin(Duration::ZERO)
-            .drift_ppm(0)
-            .fail_closed(true)
-            .build()
-            .expect("config");
+        let config = builder().fail_closed(true).build().expect("config");
         let gate = Arc::new(WriteGate::new());
         let mut driver = held(config, &gate);
         // The renewal goes out at 10 s and is given up at 13 s (request timeout T/10).

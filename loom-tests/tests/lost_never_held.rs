@@ -114,7 +114,7 @@ fn revoked_then_late_renewal_success() {
             let late = RenewOutcome::Renewed { ttl: LATE_TTL };
             let answer = driver
                 .lease
-                .handle_renew_response(at(10_002), renewal, late, gate);
+                .handle_response(at(10_002), renewal, late.into(), gate);
             assert_eq!(answer, Err(StaleResponse));
         },
     );
@@ -135,7 +135,7 @@ fn expired_then_late_renewal_success() {
             let late = RenewOutcome::Renewed { ttl: LATE_TTL };
             let answer = driver
                 .lease
-                .handle_renew_response(DEADLINE_A, renewal, late, gate);
+                .handle_response(DEADLINE_A, renewal, late.into(), gate);
             assert_eq!(answer, Err(StaleResponse));
             driver
                 .lease
@@ -160,7 +160,7 @@ fn not_owner_then_duplicate_success() {
             let answer =
                 driver
                     .lease
-                    .handle_renew_response(at(10_001), RequestId(2), duplicate, gate);
+                    .handle_response(at(10_001), RequestId(2), duplicate.into(), gate);
             assert_eq!(answer, Err(StaleResponse));
         },
     );
@@ -185,7 +185,7 @@ fn released_while_acquiring_then_late_grant() {
             };
             let answer = driver
                 .lease
-                .handle_acquire_response(at(1_001), RequestId(1), grant, gate);
+                .handle_response(at(1_001), RequestId(1), grant.into(), gate);
             assert_eq!(answer, Err(StaleResponse));
         },
     );

@@ -29,7 +29,7 @@ use core::cell::Cell;
 use critical_section::Mutex;
 use embassy_executor::{SpawnError, SpawnToken, Spawner};
 use embassy_time::Timer;
-use leasehold::{Duration, Fence, FenceGate, Owner};
+use leasehold::{Duration, Fence, FenceGate, Identity, Owner};
 
 use crate::link::Link;
 use crate::report::{bump, COUNTERS};
@@ -45,6 +45,11 @@ static STORAGE: Mutex<Cell<FenceGate>> = Mutex::new(Cell::new(FenceGate::new()))
 const OWNER: Owner = Owner(*b"pump-controller7");
 
 const TTL: Duration = Duration::from_secs(3);
+
+/// Who we are, in words: stored by the gateway with the grant, shown to contenders.
+fn identity() -> Identity {
+    Identity::new("pump-controller7").unwrap_or_default()
+}
 
 #[embassy_executor::main]
 async fn main(spawner: Spawner) {
@@ -120,11 +125,11 @@ fn on_tick() {
 mod lease {
     use embassy_executor::Spawner;
     use embassy_time::Timer;
-    use leasehold::{Config, Event, Fence, Lease};
-    use leasehold_embassy::{LeaseShared, Target, TermEnd};
+    use leasehold::{Config, Event, Fence, Instant, Lease};
+    use leasehold_embassy::{LeaseShared, Report, Target, TermEnd};
 
     use crate::report::{bump, COUNTERS};
-    use crate::{spawn, LINK, OWNER, TTL};
+    use crate::{identity, spawn, LINK, OWNER, TTL};
 
     const CONFIG: Config = match Config::builder(TTL).drift_ppm(20_000).build() {
         Ok(config) => config,
@@ -151,24 +156,30 @@ mod lease {
     #[embassy_executor::task]
     async fn lease_task() {
         let mut lease = Lease::new(CONFIG);
+        let identity = identity();
         let target = Target {
             service: &LINK,
             key: "pump-7",
             owner: OWNER,
+            identity: &identity,
         };
         loop {
-            let end = leasehold_embassy::run_term(&mut lease, &LEASE, target, |event| {
-                bump(match event {
-                    Event::Acquired { .. } => &COUNTERS.acquired,
-                    Event::Renewed { .. } => &COUNTERS.renewed,
-                    Event::Lost { .. } => &COUNTERS.lost,
-                    Event::Released => &COUNTERS.released,
-                    _ => &COUNTERS.other_events,
+            // Wait for the key as long as it takes (`Instant::MAX`): the pump has
+            // nothing else to do.
+            let end =
+                leasehold_embassy::run_term(&mut lease, &LEASE, target, Instant::MAX, |report| {
+                    bump(match report {
+                        Report::Event(Event::Acquired { .. }) => &COUNTERS.acquired,
+                        Report::Event(Event::Renewed { .. }) => &COUNTERS.renewed,
+                        Report::Event(Event::Lost { .. }) => &COUNTERS.lost,
+                        Report::Event(Event::Released) => &COUNTERS.released,
+                        _ => &COUNTERS.other_events,
+                    })
                 })
-            })
-            .await;
+                .await;
             match end {
-                Ok(TermEnd::Released) => return,
+                // Released, or refused for good (retrying cannot help): stop.
+                Ok(TermEnd::Released | TermEnd::NotAcquired(_)) => return,
                 // Lost: the gate closed when it was detected. Try again in a while.
                 Ok(TermEnd::Lost(_)) | Err(_) => Timer::after_millis(500).await,
             }
@@ -196,7 +207,7 @@ mod lease {
 
     use crate::link::{Answer, Op};
     use crate::report::{bump, COUNTERS};
-    use crate::{spawn, LINK, OWNER, TTL};
+    use crate::{identity, spawn, LINK, OWNER, TTL};
 
     static FENCE: AtomicU32 = AtomicU32::new(0);
     static RELEASE: AtomicU32 = AtomicU32::new(0);
@@ -221,7 +232,7 @@ mod lease {
         let token = OWNER.token(Term(1));
         let mut held = Fence(0);
         if let Answer::Acquire(AcquireOutcome::Granted { fence, .. }) =
-            LINK.call(token, Op::Acquire(TTL)).await
+            LINK.call(token, Op::Acquire(TTL, identity())).await
         {
             FENCE.store(fence.0 as u32, Ordering::Relaxed);
             held = fence;

@@ -5,7 +5,7 @@
 //! these tests assert only what holds however late a thread is scheduled: the gate
 //! never admits a write at or after the service's expiry, signals cross threads, and
 //! the term ends the way the scenario says. The exact timings (renew at T/3, when the
-//! gate closes) are the mock-driver tests' job (`adapters/runtime/embassy-mock-tests`). Nothing
+//! gate closes) are the mock-driver tests' job (`adapters/runtime/embassy/tests/mock_time.rs`). Nothing
 //! here waits for a fixed time to let something happen: threads wait for each other.
 //!
 //! Another OS thread reads the gate the whole time, as an interrupt handler or a
@@ -20,10 +20,21 @@ use std::time::Duration as StdDuration;
 use embassy_executor::{Executor, Spawner};
 use embassy_time::Timer;
 use leasehold_embassy::leasehold::{
-    AcquireOutcome, Config, Duration, Event, Fence, GateError, GateStatus, Instant, Lease,
-    LossReason, Owner, OwnerToken, ReleaseOutcome, RenewOutcome,
+    AcquireOutcome, AlreadyActive, Config, Duration, Event, Fence, GateError, GateStatus,
+    HolderOutcome, Identity, Instant, Lease, LossReason, Owner, OwnerToken, ReleaseOutcome,
+    RenewOutcome,
 };
-use leasehold_embassy::{run_term, LeaseShared, LocalLockService, Target, TermEnd};
+use leasehold_embassy::{LeaseShared, LocalLockService, Report as LeaseReport, Target, TermEnd};
+
+/// One term that waits for the key as long as it takes.
+async fn run_term(
+    lease: &mut Lease,
+    shared: &LeaseShared,
+    target: Target<'_, Gateway>,
+    on_report: impl FnMut(LeaseReport),
+) -> Result<TermEnd, AlreadyActive> {
+    leasehold_embassy::run_term(lease, shared, target, Instant::MAX, on_report).await
+}
 
 /// TTL 600 ms: renew every 200 ms, request timeout 60 ms, retry 30 ms, margin 30 ms.
 fn config() -> Config {
@@ -67,7 +78,13 @@ impl Gateway {
 }
 
 impl LocalLockService for Gateway {
-    async fn acquire(&self, _key: &str, token: OwnerToken, ttl: Duration) -> AcquireOutcome {
+    async fn acquire(
+        &self,
+        _key: &str,
+        token: OwnerToken,
+        _identity: &Identity,
+        ttl: Duration,
+    ) -> AcquireOutcome {
         self.one_way().await;
         self.holder.set(Some(token));
         self.expires.set(leasehold_embassy::now() + ttl);
@@ -114,12 +131,17 @@ impl LocalLockService for Gateway {
             ReleaseOutcome::NotOwner
         }
     }
+
+    async fn holder(&self, _key: &str) -> HolderOutcome {
+        // The driver never asks; these scenarios never query it.
+        HolderOutcome::Free
+    }
 }
 
 /// What a scenario saw, sent back to the test thread.
 #[derive(Debug)]
 struct Report {
-    end: Result<TermEnd, leasehold_embassy::leasehold::AlreadyActive>,
+    end: Result<TermEnd, AlreadyActive>,
     ended_at: Instant,
     renewals_sent: Vec<Instant>,
     service_expiry: Instant,
@@ -196,6 +218,7 @@ fn target(gateway: &Gateway) -> Target<'_, Gateway> {
         service: gateway,
         key: "pump-7",
         owner: Owner([7; 16]),
+        identity: &Identity::EMPTY,
     }
 }
 
@@ -261,8 +284,8 @@ static RELEASE: LeaseShared = LeaseShared::new();
 async fn release_scenario(report: mpsc::Sender<Report>, renewed: mpsc::Sender<()>) {
     let gateway = Gateway::new(&RELEASE, usize::MAX);
     let mut lease = Lease::new(config());
-    let end = run_term(&mut lease, &RELEASE, target(&gateway), |event| {
-        if matches!(event, Event::Renewed { .. }) {
+    let end = run_term(&mut lease, &RELEASE, target(&gateway), |report| {
+        if matches!(report, LeaseReport::Event(Event::Renewed { .. })) {
             let _ = renewed.send(());
         }
     })

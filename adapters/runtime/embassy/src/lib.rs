@@ -18,19 +18,24 @@ pub use time::{from_embassy, now, to_embassy, EmbassyClock};
 pub use leasehold;
 /// The shared driver, re-exported for [`LocalLockService`] and [`Target`].
 pub use leasehold_driver;
-pub use leasehold_driver::{LocalLockService, Target, TermEnd};
+pub use leasehold_driver::{LocalLockService, Report, Target, TermEnd};
 
 use embassy_sync::blocking_mutex::raw::RawMutex;
-use leasehold::{AlreadyActive, Event, Lease};
+use leasehold::{AlreadyActive, Event, Instant, Lease};
 
-/// Runs one term of `lease` on embassy-time: acquires, renews, and returns when the
-/// term is lost or released.
+/// Runs one term of `lease` on embassy-time: acquires (giving up at `give_up_at`,
+/// `Instant::MAX` to wait as long as it takes), renews, and returns when the term is
+/// lost, released, or was never acquired.
 ///
 /// This is the shared [`leasehold_driver::run_term`] loop with the embassy clock
 /// ([`EmbassyClock`]), `shared`'s gate as the write gate, `shared`'s release request as
-/// the release trigger, and `shared`'s loss signal raised on
-/// [`Event::Lost`] (the gate was closed before that event
-/// exists). `on_event` sees every event, in order.
+/// the release trigger, and `shared`'s loss signal raised on [`Event::Lost`] (the gate
+/// was closed before that event exists). `on_report` sees every event, in order, and
+/// the holder named by each "held by another" answer ([`Report::HeldBy`]).
+///
+/// `give_up_at` is on the lease's clock: [`now`] plus how long to wait. An acquire
+/// refused for good (an invalid key, revoked credentials) ends at once as
+/// [`TermEnd::NotAcquired`], whatever the bound.
 ///
 /// Call it from your own `#[embassy_executor::task]` (tasks cannot be generic, so the
 /// adapter cannot ship one): see the crate docs for the pattern. Fails only if `lease`
@@ -39,12 +44,13 @@ pub async fn run_term<M, S, F>(
     lease: &mut Lease,
     shared: &LeaseShared<M>,
     target: Target<'_, S>,
-    mut on_event: F,
+    give_up_at: Instant,
+    mut on_report: F,
 ) -> Result<TermEnd, AlreadyActive>
 where
     M: RawMutex,
     S: LocalLockService,
-    F: FnMut(Event),
+    F: FnMut(Report),
 {
     shared.start_term();
     leasehold_driver::run_term(
@@ -52,12 +58,13 @@ where
         shared.gate(),
         target,
         &EmbassyClock,
+        give_up_at,
         shared.release_requested(),
-        |event| {
-            if let Event::Lost { reason } = event {
+        |report| {
+            if let Report::Event(Event::Lost { reason }) = report {
                 shared.signal_lost(reason);
             }
-            on_event(event);
+            on_report(report);
         },
     )
     .await

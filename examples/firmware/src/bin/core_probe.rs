@@ -1,5 +1,5 @@
 //! Calls every method of the lease core — `Lease`, `WriteGate`, `FenceGate`, `Config`,
-//! `Budget`, `OwnerToken::encode` — with inputs the optimiser cannot see, in any order,
+//! `Budget`, `OwnerToken::encode`, `check_key`, `Identity` — with inputs the optimiser cannot see, in any order,
 //! forever. Nothing else: no executor, no time driver, no formatting.
 //!
 //! `scripts/firmware-size.sh` builds it twice: with the `lease` feature (the calls) and
@@ -46,18 +46,19 @@ fn choice() -> u32 {
     black_box(0)
 }
 
-/// Calls `memcpy` (a copy of a length the optimiser cannot see) and 32-bit division (a
+/// Calls `memcpy` (a copy of 256 bytes) and 32-bit division (a
 /// library routine on thumbv6m, which has no divide instruction): compiler-builtins
 /// routines that the firmware links without the lease. With `probe-baseline-builtins`
 /// both variants call it, so the difference leaves them out.
 #[cfg(feature = "probe-baseline-builtins")]
 #[inline(never)]
 fn link_baseline_builtins() {
-    let (dst, src) = black_box((&mut [] as &mut [u8], &[] as &[u8]));
-    let len = dst.len().min(src.len());
-    if let (Some(dst), Some(src)) = (dst.get_mut(..len), src.get(..len)) {
-        dst.copy_from_slice(src);
-    }
+    // A copy too large to inline (LLVM calls `memcpy`), not `copy_from_slice`: that
+    // one's length check would be a panic path of the probe's own, shared with the
+    // core's (inlined, checked-away) `copy_from_slice` once it is out of line.
+    let src: &[u8; 256] = black_box(&[0; 256]);
+    let copy: [u8; 256] = *src;
+    black_box(&copy);
     black_box(black_box(1u32).checked_div(black_box(1)));
 }
 
@@ -80,8 +81,9 @@ mod probe {
     use core::hint::black_box;
 
     use leasehold::{
-        AcquireOutcome, Budget, Config, Duration, Fence, FenceGate, Indeterminate, Instant, Lease,
-        Owner, ReleaseOutcome, RenewOutcome, RequestId, Term, WriteGate,
+        check_key, AcquireOutcome, Budget, Config, Duration, Fence, FenceGate, Holder, Identity,
+        Indeterminate, Instant, Lease, Owner, Refusal, ReleaseOutcome, RenewOutcome, RequestId,
+        Response, Term, WriteGate,
     };
 
     use super::{choice, input};
@@ -116,13 +118,26 @@ mod probe {
     }
 
     fn why() -> Indeterminate {
-        match choice() & 7 {
+        match choice() & 3 {
             0 => Indeterminate::Timeout,
             1 => Indeterminate::Transport,
             2 => Indeterminate::Protocol,
-            3 => Indeterminate::Service,
-            _ => Indeterminate::LateSuccess,
+            _ => Indeterminate::Service,
         }
+    }
+
+    fn refusal() -> Refusal {
+        match choice() & 3 {
+            0 => Refusal::InvalidKey,
+            1 => Refusal::WrongType,
+            2 => Refusal::Unauthorized,
+            _ => Refusal::Unsupported,
+        }
+    }
+
+    /// Text the optimiser cannot see: a key or an identity to check.
+    fn text() -> &'static str {
+        black_box("pump-7")
     }
 
     pub fn run() -> ! {
@@ -135,43 +150,55 @@ mod probe {
             let ttl = duration();
             match choice() & 7 {
                 0 => {
-                    let _ = black_box(lease.acquire(now, &GATE));
+                    let give_up_at = Instant::from_micros(input());
+                    let _ = black_box(lease.acquire_until(now, give_up_at, &GATE));
                 }
                 1 => {
                     let _ = black_box(lease.release(now, &GATE));
                 }
                 2 => lease.handle_timeout(now, &GATE),
                 3 => {
-                    let outcome = match choice() & 3 {
+                    let response = Response::Acquire(match choice() & 3 {
                         0 => AcquireOutcome::Granted { fence, ttl },
-                        1 => AcquireOutcome::HeldByAnother,
+                        1 => AcquireOutcome::HeldByAnother(Holder {
+                            identity: Identity::EMPTY,
+                            fence,
+                            remaining: ttl,
+                        }),
+                        2 => AcquireOutcome::Refused(refusal()),
                         _ => AcquireOutcome::Indeterminate(why()),
-                    };
-                    let _ = black_box(lease.handle_acquire_response(now, id, outcome, &GATE));
+                    });
+                    let _ = black_box(lease.handle_response(now, id, response, &GATE));
                 }
                 4 => {
-                    let outcome = match choice() & 3 {
+                    let response = Response::Renew(match choice() & 3 {
                         0 => RenewOutcome::Renewed { ttl },
                         1 => RenewOutcome::NotOwner,
+                        2 => RenewOutcome::Refused(refusal()),
                         _ => RenewOutcome::Indeterminate(why()),
-                    };
-                    let _ = black_box(lease.handle_renew_response(now, id, outcome, &GATE));
+                    });
+                    let _ = black_box(lease.handle_response(now, id, response, &GATE));
                 }
                 5 => {
-                    let outcome = match choice() & 3 {
+                    let response = Response::Release(match choice() & 3 {
                         0 => ReleaseOutcome::Released,
                         1 => ReleaseOutcome::NotOwner,
+                        2 => ReleaseOutcome::Refused(refusal()),
                         _ => ReleaseOutcome::Indeterminate(why()),
-                    };
-                    let _ = black_box(lease.handle_release_response(now, id, outcome, &GATE));
+                    });
+                    let _ = black_box(lease.handle_response(now, id, response, &GATE));
                 }
                 6 => {
                     let _ = black_box(lease.handle_revoked(now, fence, &GATE));
                 }
                 _ => {
                     black_box((lease.state(), lease.term(), lease.fence(), lease.deadline()));
-                    black_box((lease.writes_paused(), lease.now(), lease.stats()));
+                    black_box((lease.writes_paused(), lease.latest_instant(), lease.stats()));
                     black_box((lease.is_awaiting(id), lease.config().ttl()));
+                    black_box((lease.granted_ttl(), lease.config().accepts_grant(ttl)));
+                    let _ = black_box(check_key(text()));
+                    let _ = black_box(Identity::new(text()));
+                    black_box(Identity::lossy(text()).as_str());
                     let budget = Budget {
                         work_p99: duration(),
                         renew_rtt_p99: duration(),
@@ -208,8 +235,8 @@ mod driver_probe {
     use core::task::{Context, Poll, Waker};
 
     use leasehold::{
-        AcquireOutcome, Config, Duration, Fence, Indeterminate, Instant, Lease, Owner, OwnerToken,
-        ReleaseOutcome, RenewOutcome, WriteGate,
+        AcquireOutcome, Config, Duration, Fence, Holder, HolderOutcome, Identity, Indeterminate,
+        Instant, Lease, Owner, OwnerToken, ReleaseOutcome, RenewOutcome, WriteGate,
     };
     use leasehold_embassy::leasehold_driver::{run_term, Clock, LocalLockService, Target};
 
@@ -254,6 +281,7 @@ mod driver_probe {
             &self,
             _: &str,
             _: OwnerToken,
+            _: &Identity,
             ttl: Duration,
         ) -> impl Future<Output = AcquireOutcome> {
             ready(match choice() & 3 {
@@ -261,7 +289,11 @@ mod driver_probe {
                     fence: Fence(input()),
                     ttl,
                 },
-                1 => AcquireOutcome::HeldByAnother,
+                1 => AcquireOutcome::HeldByAnother(Holder {
+                    identity: Identity::EMPTY,
+                    fence: Fence(input()),
+                    remaining: ttl,
+                }),
                 _ => AcquireOutcome::Indeterminate(why()),
             })
         }
@@ -281,6 +313,9 @@ mod driver_probe {
         fn release(&self, _: &str, _: OwnerToken) -> impl Future<Output = ReleaseOutcome> {
             ready(ReleaseOutcome::Released)
         }
+        fn holder(&self, _: &str) -> impl Future<Output = HolderOutcome> {
+            ready(HolderOutcome::Free)
+        }
     }
 
     pub fn run() -> ! {
@@ -289,6 +324,7 @@ mod driver_probe {
             service: &OpaqueService,
             key: "k",
             owner: Owner([1; 16]),
+            identity: &Identity::EMPTY,
         };
         let mut cx = Context::from_waker(Waker::noop());
         loop {
@@ -299,9 +335,18 @@ mod driver_probe {
                     Poll::Pending
                 }
             });
-            let term = run_term(&mut lease, &GATE, target, &OpaqueClock, release, |e| {
-                let _ = black_box(e);
-            });
+            let give_up_at = Instant::from_micros(input());
+            let term = run_term(
+                &mut lease,
+                &GATE,
+                target,
+                &OpaqueClock,
+                give_up_at,
+                release,
+                |report| {
+                    let _ = black_box(report);
+                },
+            );
             let mut term = pin!(term);
             while term.as_mut().poll(&mut cx).is_pending() {}
         }

@@ -9,12 +9,13 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use leasehold_embassy::leasehold::{
-    AcquireFailure, AcquireOutcome, Action, AlreadyActive, Budget, BudgetTerm, Config,
-    ConfigBuilder, ConfigError, Duration, Event, Fence, FenceGate, GateError, GateStatus,
-    Indeterminate, Instant, LossReason, NotActive, Owner, ReleaseOutcome, RenewOutcome, RequestId,
-    StaleFence, StaleResponse, State, Stats, Term,
+    AcquireFailure, AcquireOutcome, Action, AlreadyActive, Budget, BudgetPart, Config,
+    ConfigBuilder, ConfigError, Duration, Event, Fence, FenceGate, GateError, GateStatus, Holder,
+    HolderOutcome, Identity, IdentityError, Indeterminate, Instant, KeyError, LossReason,
+    NotActive, Owner, Refusal, ReleaseOutcome, RenewOutcome, RequestId, Response, StaleFence,
+    StaleResponse, State, Stats, Term,
 };
-use leasehold_embassy::{EmbassyClock, LeaseShared, TermEnd};
+use leasehold_embassy::{EmbassyClock, LeaseShared, Report, TermEnd};
 
 static ENCODED: AtomicUsize = AtomicUsize::new(0);
 
@@ -48,6 +49,11 @@ fn every_public_type_formats_with_defmt() {
     let shared: LeaseShared = LeaseShared::new();
     let snapshot = shared.gate().snapshot().unwrap();
     let token = Owner([1; 16]).token(Term(2));
+    let holder = Holder {
+        identity: Identity::new("host-7:4711").unwrap(),
+        fence: Fence(4),
+        remaining: Duration::from_millis(250),
+    };
     let sizes = [
         // leasehold
         encoded(Instant::from_millis(5)),
@@ -57,7 +63,7 @@ fn every_public_type_formats_with_defmt() {
         encoded(ConfigError::ZeroTtl),
         encoded(Budget::default()),
         encoded(Budget::default().check(Duration::ZERO).unwrap_err()),
-        encoded(BudgetTerm::Margin),
+        encoded(BudgetPart::Margin),
         encoded(Fence(3)),
         encoded(FenceGate::new()),
         encoded(StaleFence {
@@ -83,12 +89,23 @@ fn every_public_type_formats_with_defmt() {
         encoded(token.owner),
         encoded(token),
         encoded(Indeterminate::Timeout),
-        encoded(AcquireOutcome::HeldByAnother),
+        encoded(Refusal::InvalidKey),
+        encoded(AcquireOutcome::HeldByAnother(holder)),
         encoded(RenewOutcome::NotOwner),
         encoded(ReleaseOutcome::Released),
-        encoded(LossReason::Expired),
+        encoded(HolderOutcome::Held(holder)),
+        encoded(Response::Renew(RenewOutcome::Refused(
+            Refusal::Unauthorized,
+        ))),
+        encoded(LossReason::Shortened),
+        encoded(holder),
+        encoded(holder.identity),
+        encoded(IdentityError::TooLong { len: 65 }),
+        encoded(KeyError::Empty),
         // leasehold-driver
         encoded(TermEnd::Lost(LossReason::NotOwner)),
+        encoded(TermEnd::NotAcquired(AcquireFailure::GrantTooShort)),
+        encoded(Report::HeldBy(holder)),
         // leasehold-embassy
         encoded(&shared),
         encoded(EmbassyClock),

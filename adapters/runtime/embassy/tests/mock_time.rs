@@ -4,7 +4,8 @@
 //! over by polling).
 //!
 //! The lock service is a gateway with a hard TTL that answers after a one-way delay on
-//! the same virtual clock, and can be scripted to blip, refuse or stall.
+//! the same virtual clock, applies the key rules, stores the holder's identity, and can
+//! be scripted to blip, refuse or stall.
 //!
 //! Timing of every test: TTL 3 s, so renew every 1 s, request timeout 300 ms, retry
 //! 150 ms, margin 150 ms, drift 1,000 ppm (3 ms): a grant for a request sent at `s`
@@ -20,10 +21,21 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use embassy_time::{MockDriver, Timer};
 use leasehold_embassy::leasehold::{
-    AcquireOutcome, Config, Duration, Event, Fence, GateError, GateStatus, Indeterminate, Instant,
-    Lease, LossReason, Owner, OwnerToken, ReleaseOutcome, RenewOutcome,
+    check_key, AcquireFailure, AcquireOutcome, AlreadyActive, Config, Duration, Event, Fence,
+    GateError, GateStatus, Holder, HolderOutcome, Identity, Indeterminate, Instant, Lease,
+    LossReason, Owner, OwnerToken, Refusal, ReleaseOutcome, RenewOutcome, Term,
 };
-use leasehold_embassy::{run_term, LeaseShared, LocalLockService, Target, TermEnd};
+use leasehold_embassy::{LeaseShared, LocalLockService, Report, Target, TermEnd};
+
+/// One term that waits for the key as long as it takes, as the firmware does.
+async fn run_term<F: FnMut(Report)>(
+    lease: &mut Lease,
+    shared: &LeaseShared,
+    target: Target<'_, Gateway<'_>>,
+    on_report: F,
+) -> Result<TermEnd, AlreadyActive> {
+    leasehold_embassy::run_term(lease, shared, target, Instant::MAX, on_report).await
+}
 
 const fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -132,7 +144,7 @@ struct Gateway<'a> {
     /// Replies for the coming renewals, in order; `Normal` once empty.
     renew_script: RefCell<VecDeque<Reply>>,
     release_reply: Cell<Reply>,
-    holder: Cell<Option<OwnerToken>>,
+    holder: Cell<Option<(OwnerToken, Identity)>>,
     /// When the service's own TTL runs out.
     expires: Cell<Instant>,
     fence: Cell<u64>,
@@ -176,7 +188,29 @@ impl<'a> Gateway<'a> {
     }
 
     fn holds(&self, token: OwnerToken) -> bool {
-        self.holder.get() == Some(token) && now() < self.expires.get()
+        self.current().is_some_and(|(holder, _)| holder == token)
+    }
+
+    /// The holder, unless its TTL ran out.
+    fn current(&self) -> Option<(OwnerToken, Identity)> {
+        self.holder.get().filter(|_| now() < self.expires.get())
+    }
+
+    /// Another client holds the key as `identity` until `until`.
+    fn held_by(&self, identity: &str, until: Instant) {
+        let other = Owner([9; 16]).token(Term(1));
+        self.holder
+            .set(Some((other, Identity::new(identity).unwrap())));
+        self.expires.set(until);
+        self.fence.set(self.fence.get() + 1);
+    }
+
+    fn holder_now(&self, identity: Identity) -> Holder {
+        Holder {
+            identity,
+            fence: Fence(self.fence.get()),
+            remaining: self.expires.get().saturating_duration_since(now()),
+        }
     }
 
     async fn reply<T>(&self, reply: Reply, handle: impl FnOnce() -> T, refused: T) -> T {
@@ -202,13 +236,22 @@ impl<'a> Gateway<'a> {
 }
 
 impl LocalLockService for Gateway<'_> {
-    async fn acquire(&self, _key: &str, token: OwnerToken, ttl: Duration) -> AcquireOutcome {
+    async fn acquire(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        identity: &Identity,
+        ttl: Duration,
+    ) -> AcquireOutcome {
         self.record(Kind::Acquire);
         let grant = || {
-            if self.holder.get().is_some() && now() < self.expires.get() {
-                return AcquireOutcome::HeldByAnother;
+            if check_key(key).is_err() {
+                return AcquireOutcome::Refused(Refusal::InvalidKey);
             }
-            self.holder.set(Some(token));
+            if let Some((_, held_by)) = self.current() {
+                return AcquireOutcome::HeldByAnother(self.holder_now(held_by));
+            }
+            self.holder.set(Some((token, *identity)));
             self.expires.set(now() + ttl);
             self.fence.set(self.fence.get() + 1);
             AcquireOutcome::Granted {
@@ -216,8 +259,8 @@ impl LocalLockService for Gateway<'_> {
                 ttl,
             }
         };
-        self.reply(Reply::Normal, grant, AcquireOutcome::HeldByAnother)
-            .await
+        let unknown = AcquireOutcome::Indeterminate(Indeterminate::Transport);
+        self.reply(Reply::Normal, grant, unknown).await
     }
 
     async fn renew(
@@ -259,13 +302,24 @@ impl LocalLockService for Gateway<'_> {
         self.reply(self.release_reply.get(), delete, ReleaseOutcome::NotOwner)
             .await
     }
+
+    async fn holder(&self, _key: &str) -> HolderOutcome {
+        match self.current() {
+            Some((_, identity)) => HolderOutcome::Held(self.holder_now(identity)),
+            None => HolderOutcome::Free,
+        }
+    }
 }
+
+static IDENTITY: std::sync::LazyLock<Identity> =
+    std::sync::LazyLock::new(|| Identity::new("pump-controller-1").unwrap());
 
 fn target<'a, 'g>(gateway: &'a Gateway<'g>) -> Target<'a, Gateway<'g>> {
     Target {
         service: gateway,
         key: "pump-7",
         owner: Owner([7; 16]),
+        identity: &IDENTITY,
     }
 }
 
@@ -314,8 +368,10 @@ fn a_blip_is_retried_inside_the_budget_and_is_not_a_loss() {
     let mut refused = Vec::new();
 
     let end = drive(
-        run_term(&mut lease, &shared, target(&gateway), |e| {
-            events.push((now(), e));
+        run_term(&mut lease, &shared, target(&gateway), |report| {
+            if let Report::Event(e) = report {
+                events.push((now(), e));
+            }
         }),
         at(5_000),
         |t| {
@@ -474,4 +530,95 @@ fn a_release_closes_the_gate_before_the_request_goes_out_and_never_waits_for_it(
     assert_eq!(end, Ok(TermEnd::Released));
     assert_eq!(ended, at(1_500 + 300));
     assert_eq!(shared.take_lost(), None);
+}
+
+#[test]
+fn an_acquire_gives_up_at_its_bound_and_names_the_holder() {
+    let _clock = virtual_clock();
+    let shared = LeaseShared::new();
+    let gateway = Gateway::new(&shared);
+    gateway.held_by("other-controller", at(60_000));
+    let mut lease = Lease::new(config());
+    let mut holders = Vec::new();
+    let mut opened = false;
+
+    let give_up_at = at(1_000);
+    let term = leasehold_embassy::run_term(
+        &mut lease,
+        &shared,
+        target(&gateway),
+        give_up_at,
+        |report| {
+            if let Report::HeldBy(holder) = report {
+                holders.push(holder);
+            }
+        },
+    );
+    let end = drive(term, at(5_000), |_| opened |= shared.check().is_ok());
+
+    let (ended, end) = end.expect("the acquire ends at its bound");
+    assert_eq!(end, Ok(TermEnd::NotAcquired(AcquireFailure::HeldByAnother)));
+    // Every attempt was answered: the acquire ends with the last answer, before the
+    // bound (no retry is sent at or after it), and nothing needs releasing.
+    assert!(ended < give_up_at, "ended at {ended}");
+    assert!(gateway.sent(Kind::Release).is_empty());
+    let attempts = gateway.sent(Kind::Acquire);
+    assert!(attempts.len() >= 2, "retried: {attempts:?}");
+    assert!(attempts.iter().all(|&sent| sent < give_up_at));
+    assert_eq!(holders.len(), attempts.len());
+    assert!(holders
+        .iter()
+        .all(|h| h.identity.as_str() == "other-controller" && h.fence == Fence(1)));
+    assert!(!opened, "the gate opened for a key held by another");
+    assert_eq!(shared.take_lost(), None);
+}
+
+#[test]
+fn a_refused_acquire_ends_at_once_whatever_the_bound() {
+    let _clock = virtual_clock();
+    let shared = LeaseShared::new();
+    let gateway = Gateway::new(&shared);
+    let mut lease = Lease::new(config());
+    let target = Target {
+        key: "pump{7}",
+        ..target(&gateway)
+    };
+
+    let end = drive(
+        run_term(&mut lease, &shared, target, |_| {}),
+        at(5_000),
+        |_| {
+            assert!(shared.check().is_err());
+        },
+    );
+
+    let (ended, end) = end.expect("a final refusal ends the acquire");
+    assert_eq!(
+        end,
+        Ok(TermEnd::NotAcquired(AcquireFailure::Refused(
+            Refusal::InvalidKey
+        )))
+    );
+    assert_eq!(ended, at(20), "ended with the answer, not retried");
+    assert_eq!(millis(&gateway.sent(Kind::Acquire)), [0]);
+    assert!(gateway.sent(Kind::Release).is_empty());
+}
+
+#[test]
+fn the_holder_query_names_who_holds_the_key() {
+    let _clock = virtual_clock();
+    let shared = LeaseShared::new();
+    let gateway = Gateway::new(&shared);
+    let mut lease = Lease::new(config());
+
+    let term = run_term(&mut lease, &shared, target(&gateway), |_| {});
+    let end = drive(term, at(100), |_| {});
+    assert!(end.is_none(), "the term must still be running");
+
+    let query = drive(gateway.holder("pump-7"), at(101), |_| {});
+    let Some((_, HolderOutcome::Held(holder))) = query else {
+        panic!("held: {query:?}")
+    };
+    assert_eq!(holder.identity.as_str(), "pump-controller-1");
+    assert_eq!(holder.fence, Fence(1));
 }
