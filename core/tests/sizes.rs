@@ -1,5 +1,5 @@
 //! The lease is a plain value and the gate a handful of atomics: both stay small enough
-//! for a Cortex-M0's RAM (DESIGN §4: at most 128 and 24 bytes). `cargo bench --bench
+//! for a Cortex-M0's RAM (at most 128 and 24 bytes). `cargo bench --bench
 //! renew_cycle` prints the exact figures.
 
 use std::mem::size_of;
