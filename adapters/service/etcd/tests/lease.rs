@@ -3,18 +3,19 @@
 //! the TTL, and a 3-member cluster losing its leader. Storage behind a `FenceGate`
 //! checks that no write of an old holder is admitted after a newer fence.
 
-mod support;
+mod common;
 
 use std::sync::Arc;
 
+use common::{
+    client, config, identity, ms, proxy_endpoint, service, service_on, std_ms, token, value,
+    within, EtcdCluster, Proxy, Storage, Timing,
+};
 use leasehold::{Event, Fence, LossReason};
 use leasehold_etcd::{EtcdLockService, NotHeld, Renewed};
 use leasehold_tokio::{
     acquire, acquire_with, try_acquire, AcquireError, AcquireOptions, LeaseEnd, LeaseHandle,
     TimedEvent,
-};
-use support::{
-    config, identity, ms, service, std_ms, token, value, within, Cluster, Storage, Timing,
 };
 use tokio::sync::broadcast;
 use tokio::time::Instant;
@@ -81,9 +82,9 @@ async fn renewed_after(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tokio_lease_renews_and_releases() {
-    let cluster = Cluster::single();
+    let cluster = EtcdCluster::single();
     let service = service(&cluster).await;
-    let mut outside = cluster.client().await;
+    let mut outside = client(&cluster).await;
     let lease = within(
         5_000,
         acquire_with(
@@ -119,9 +120,9 @@ async fn a_tokio_lease_renews_and_releases() {
 /// watch ends each lease with `Lost(Revoked)` within a fraction of the renew interval.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_watch_ends_the_lease_with_revoked_promptly() {
-    let cluster = Cluster::single();
+    let cluster = EtcdCluster::single();
     let service = service(&cluster).await;
-    let mut outside = cluster.client().await;
+    let mut outside = client(&cluster).await;
     for key in ["deleted", "revoked"] {
         // TTL 3 s: renewals every 1 s.
         let lease = hold(&service, key, 3_000).await;
@@ -154,7 +155,7 @@ async fn the_watch_ends_the_lease_with_revoked_promptly() {
 /// contender is refused until the holder releases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_restart_while_holding_keeps_the_lease() {
-    let mut cluster = Cluster::single();
+    let mut cluster = EtcdCluster::single();
     let service = service(&cluster).await;
     let storage = Storage::default();
     // TTL 3 s: the safe deadline is ~2.8 s after each renewal is sent.
@@ -198,7 +199,7 @@ async fn a_member_restart_while_holding_keeps_the_lease() {
 /// the old holder's late write is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_down_longer_than_the_ttl_loses_the_lease_safely() {
-    let mut cluster = Cluster::single();
+    let mut cluster = EtcdCluster::single();
     let service = service(&cluster).await;
     let storage = Storage::default();
     let a = hold(&service, "orders", 2_000).await;
@@ -253,7 +254,7 @@ async fn etcd_down_longer_than_the_ttl_loses_the_lease_safely() {
 /// higher fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_members_leader_killed_while_holding() {
-    let mut cluster = Cluster::start(3, Timing::FAST);
+    let mut cluster = EtcdCluster::start(3, Timing::FAST);
     let service = service(&cluster).await;
     let storage = Storage::default();
 
@@ -319,7 +320,7 @@ async fn three_members_leader_killed_while_holding() {
 /// storage never refuses a write made while `check()` passed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contenders_take_turns_with_increasing_fences() {
-    let cluster = Cluster::single();
+    let cluster = EtcdCluster::single();
     let service = Arc::new(service(&cluster).await);
     let storage = Storage::default();
     let holders = Arc::new(std::sync::atomic::AtomicU32::new(0));
@@ -368,9 +369,9 @@ async fn contenders_take_turns_with_increasing_fences() {
 /// refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_network_closes_the_gate_before_etcd_expires_the_key() {
-    let cluster = Cluster::single();
-    let proxy = support::proxy::Proxy::start(cluster.members[0].client_port).await;
-    let through_proxy = support::service_on(vec![proxy.endpoint()]).await;
+    let cluster = EtcdCluster::single();
+    let proxy = Proxy::start(cluster.client_port(0)).await;
+    let through_proxy = service_on(vec![proxy_endpoint(&proxy)]).await;
     let direct = service(&cluster).await;
     let storage = Storage::default();
 
@@ -379,7 +380,7 @@ async fn a_stalled_network_closes_the_gate_before_etcd_expires_the_key() {
     storage.write(a_fence).unwrap();
 
     // Outside: when does etcd delete the key?
-    let mut outside = cluster.client().await;
+    let mut outside = client(&cluster).await;
     let mut watch = outside.watch("orders", None).await.unwrap();
     let deleted = tokio::spawn(async move {
         while let Ok(Some(answer)) = watch.message().await {
@@ -399,7 +400,7 @@ async fn a_stalled_network_closes_the_gate_before_etcd_expires_the_key() {
         .await
         .expect("renewed");
     let stalled = Instant::now();
-    proxy.stall(true);
+    proxy.stall();
 
     let end = within(3_000, a.lost()).await;
     let a_lost = Instant::now();
@@ -427,5 +428,5 @@ async fn a_stalled_network_closes_the_gate_before_etcd_expires_the_key() {
     storage.write(b.check().unwrap()).unwrap();
     assert!(storage.write(a_fence).is_err(), "A's late write is refused");
     storage.assert_no_stale_admitted();
-    proxy.stall(false);
+    proxy.resume();
 }

@@ -2,21 +2,21 @@
 //! holders, contention, outside interference, bad input, and a server that is not
 //! there or talks garbage.
 
-mod support;
+mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
 
+use common::{
+    binary, binary_in, client, counter, free_port, identity, leases, ms, scratch_dir, service,
+    service_on, std_ms, token, value, wait_for, within, EtcdCluster, Timing,
+};
 use leasehold::{
     AcquireOutcome, Duration, Fence, Holder, HolderOutcome, Identity, Indeterminate, OwnerToken,
     Refusal, ReleaseOutcome, RenewOutcome, Term,
 };
 use leasehold_driver::LockService;
 use leasehold_etcd::{Acquired, ErrorKind, EtcdLockService, NotHeld, Released, Renewed};
-use support::{
-    identity, leases, ms, service, service_on, std_ms, token, value, wait_for, within, Cluster,
-    Timing,
-};
 
 async fn granted(
     service: &EtcdLockService,
@@ -42,9 +42,9 @@ fn stored(token: OwnerToken, identity: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_renew_release_and_fences_increase() {
-    let cluster = Cluster::single();
+    let cluster = EtcdCluster::single();
     let service = service(&cluster).await;
-    let mut outside = cluster.client().await;
+    let mut outside = client(&cluster).await;
     let owner = leasehold_etcd::random_owner();
     let me = identity("host-7:4711");
 
@@ -113,9 +113,9 @@ async fn acquire_renew_release_and_fences_increase() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn granted_ttl_is_rounded_up_to_whole_seconds() {
-    let cluster = Cluster::single();
+    let cluster = EtcdCluster::single();
     let service = service(&cluster).await;
-    let mut outside = cluster.client().await;
+    let mut outside = client(&cluster).await;
     for (asked_ms, secs) in [(1_200, 2), (300, 1), (2_000, 2), (2_001, 3)] {
         let key = format!("ttl-{asked_ms}");
         let (_, ttl, lease) = granted(&service, &key, token(), ms(asked_ms)).await;
@@ -132,10 +132,10 @@ async fn granted_ttl_is_rounded_up_to_whole_seconds() {
 /// etcd's remaining-time read-back is already lower.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn granted_ttl_is_what_etcd_granted_and_renewals_answer_it() {
-    let cluster = Cluster::start(1, Timing::SLOW);
+    let cluster = EtcdCluster::start(1, Timing::SLOW);
     assert_eq!(Timing::SLOW.min_ttl_secs(), 3);
     let service = service(&cluster).await;
-    let mut outside = cluster.client().await;
+    let mut outside = client(&cluster).await;
     let a = token();
     let outcome = LockService::acquire(&service, "slow", a, &identity("a"), ms(1_500)).await;
     let AcquireOutcome::Granted { fence, ttl } = outcome else {
@@ -170,9 +170,9 @@ async fn granted_ttl_is_what_etcd_granted_and_renewals_answer_it() {
 /// no lease (a waiting contender costs etcd reads, no writes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_by_another_carries_the_holder_and_grants_no_lease() {
-    let cluster = Cluster::single();
+    let cluster = EtcdCluster::single();
     let service = service(&cluster).await;
-    let mut outside = cluster.client().await;
+    let mut outside = client(&cluster).await;
     let (a, b) = (token(), token());
     let a_id = identity("worker-a pid 12");
     let AcquireOutcome::Granted { fence, .. } =
@@ -247,11 +247,11 @@ async fn held_by_another_carries_the_holder_and_grants_no_lease() {
 /// themselves are revoked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_acquires_of_a_free_key_grant_exactly_one() {
-    let cluster = Cluster::single();
+    let cluster = EtcdCluster::single();
     let service = service(&cluster).await;
-    let mut outside = cluster.client().await;
-    let port = cluster.members[0].client_port;
-    let granted_total = || support::etcd::counter(port, "etcd_debugging_lease_granted_total");
+    let mut outside = client(&cluster).await;
+    let port = cluster.client_port(0);
+    let granted_total = || counter(port, "etcd_debugging_lease_granted_total");
     let mut raced = 0;
     for round in 0..5 {
         let grants_before = granted_total();
@@ -294,7 +294,7 @@ async fn concurrent_acquires_of_a_free_key_grant_exactly_one() {
         if granted_total() - grants_before > 1 {
             raced += 1;
         }
-        wait_for("the losers' leases revoked", 3_000, || {
+        wait_for("the losers' leases revoked", std_ms(3_000), || {
             let mut outside = outside.clone();
             async move { leases(&mut outside).await.len() == 1 }
         })
@@ -316,9 +316,9 @@ async fn concurrent_acquires_of_a_free_key_grant_exactly_one() {
 /// `Free`, and changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holder_reports_identity_fence_and_remaining_or_free() {
-    let cluster = Cluster::single();
+    let cluster = EtcdCluster::single();
     let service = service(&cluster).await;
-    let mut outside = cluster.client().await;
+    let mut outside = client(&cluster).await;
     assert_eq!(
         LockService::holder(&service, "nobody").await,
         HolderOutcome::Free
@@ -388,8 +388,8 @@ async fn holder_reports_identity_fence_and_remaining_or_free() {
 /// is granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_acquire_answer_is_granted_again_with_the_same_fence() {
-    let cluster = Cluster::single();
-    let mut outside = cluster.client().await;
+    let cluster = EtcdCluster::single();
+    let mut outside = client(&cluster).await;
     let first = service(&cluster).await;
     let a = token();
     let (fence, _, lease) = granted(&first, "k", a, ms(2_000)).await;
@@ -427,9 +427,9 @@ async fn a_lost_acquire_answer_is_granted_again_with_the_same_fence() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renew_is_not_owner_after_the_lease_is_revoked_from_outside() {
-    let cluster = Cluster::single();
+    let cluster = EtcdCluster::single();
     let service = service(&cluster).await;
-    let mut outside = cluster.client().await;
+    let mut outside = client(&cluster).await;
     let a = token();
     let (fence, _, lease) = granted(&service, "k", a, ms(2_000)).await;
 
@@ -463,9 +463,9 @@ async fn renew_is_not_owner_after_the_lease_is_revoked_from_outside() {
 /// saw either grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renew_with_the_right_token_and_an_older_fence_is_not_owner() {
-    let cluster = Cluster::single();
+    let cluster = EtcdCluster::single();
     let service = service(&cluster).await;
-    let mut outside = cluster.client().await;
+    let mut outside = client(&cluster).await;
     let a = token();
     let (old, _, _) = granted(&service, "k", a, ms(2_000)).await;
     outside.delete("k", None).await.unwrap();
@@ -514,9 +514,9 @@ async fn renew_with_the_right_token_and_an_older_fence_is_not_owner() {
 /// succeeds. The renewal's ownership check is what answers `NotOwner`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renew_is_not_owner_after_the_key_is_deleted_from_outside() {
-    let cluster = Cluster::single();
+    let cluster = EtcdCluster::single();
     let service = service(&cluster).await;
-    let mut outside = cluster.client().await;
+    let mut outside = client(&cluster).await;
     let a = token();
     let (fence, _, lease) = granted(&service, "k", a, ms(2_000)).await;
 
@@ -535,7 +535,7 @@ async fn renew_is_not_owner_after_the_key_is_deleted_from_outside() {
         service.try_renew("k", a, fence).await.unwrap(),
         Renewed::NotOwner(NotHeld::KeyGone)
     );
-    wait_for("the orphaned lease revoked", 2_000, || {
+    wait_for("the orphaned lease revoked", std_ms(2_000), || {
         let mut outside = outside.clone();
         async move { leases(&mut outside).await.is_empty() }
     })
@@ -565,9 +565,9 @@ async fn renew_is_not_owner_after_the_key_is_deleted_from_outside() {
 /// holder (`WrongType`) and `NotOwner` for renew and release; it is left alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_holding_a_foreign_value_is_wrong_type() {
-    let cluster = Cluster::single();
+    let cluster = EtcdCluster::single();
     let service = service(&cluster).await;
-    let mut outside = cluster.client().await;
+    let mut outside = client(&cluster).await;
     let a = token();
     let id = identity("a");
 
@@ -627,9 +627,9 @@ async fn a_key_holding_a_foreign_value_is_wrong_type() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_watch_reports_deletion_overwrite_and_expiry() {
-    let cluster = Cluster::single();
+    let cluster = EtcdCluster::single();
     let service = service(&cluster).await;
-    let mut outside = cluster.client().await;
+    let mut outside = client(&cluster).await;
 
     // Deleted while watched.
     let a = token();
@@ -678,7 +678,7 @@ async fn the_watch_reports_deletion_overwrite_and_expiry() {
 /// any request sent would take seconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_keys_are_refused_at_once_without_a_round_trip() {
-    let port = support::etcd::free_port();
+    let port = free_port();
     let service = EtcdLockService::builder([format!("127.0.0.1:{port}")])
         .request_timeout(std_ms(10_000))
         .connect()
@@ -735,14 +735,14 @@ async fn invalid_keys_are_refused_at_once_without_a_round_trip() {
 /// sent, nothing granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ttl_etcd_cannot_grant_is_refused() {
-    let cluster = Cluster::single();
+    let cluster = EtcdCluster::single();
     let service = service(&cluster).await;
     let too_long = Duration::from_secs(9_000_000_001);
     assert_eq!(
         LockService::acquire(&service, "k", token(), &identity("a"), too_long).await,
         AcquireOutcome::Refused(Refusal::Unsupported)
     );
-    let mut outside = cluster.client().await;
+    let mut outside = client(&cluster).await;
     assert!(leases(&mut outside).await.is_empty());
 }
 
@@ -752,7 +752,7 @@ async fn a_ttl_etcd_cannot_grant_is_refused() {
 /// loss.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_is_indeterminate_within_the_timeouts() {
-    let port = support::etcd::free_port();
+    let port = free_port();
     let a = token();
     let id = identity("a");
 
@@ -834,7 +834,7 @@ async fn an_unreachable_server_is_indeterminate_within_the_timeouts() {
 /// within the connect timeout plus the request timeout, naming the endpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connecting_with_a_user_to_nobody_fails_promptly() {
-    let port = support::etcd::free_port();
+    let port = free_port();
     let started = std::time::Instant::now();
     let connecting = EtcdLockService::builder([format!("127.0.0.1:{port}")])
         .request_timeout(std_ms(300))
@@ -913,8 +913,8 @@ async fn a_silent_server_times_out_never_hangs() {
 /// for good (`Refused(Unauthorized)`), never retried as indeterminate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_refusals_are_final() {
-    let cluster = Cluster::single();
-    let mut admin = cluster.client().await;
+    let cluster = EtcdCluster::single();
+    let mut admin = client(&cluster).await;
     admin.user_add("root", "rootpw", None).await.unwrap();
     admin.user_grant_role("root", "root").await.unwrap();
     admin.user_add("nobody", "pw", None).await.unwrap();
@@ -1092,22 +1092,13 @@ async fn garbage_answers_are_indeterminate() {
 /// Without the `etcd` binary the tests fail, naming the Debian package to install.
 #[test]
 fn a_missing_etcd_binary_fails_naming_the_debian_package() {
-    let empty = std::env::temp_dir().join(format!(
-        "leasehold-etcd-no-binary-here-{}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&empty).unwrap();
-    let failure = std::panic::catch_unwind(|| {
-        support::etcd::find_binary(Some(empty.clone().into_os_string()))
-    })
-    .expect_err("no etcd in an empty directory");
-    let message = failure
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| failure.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default();
-    let _ = std::fs::remove_dir(&empty);
+    // A PATH that is one empty directory: the lookup the starters use (they panic
+    // with this message) fails, never skips, and names the package to install.
+    let empty = scratch_dir("no-etcd-here");
+    let missing =
+        binary_in("etcd", "etcd-server", empty.path()).expect_err("no etcd in an empty directory");
+    let message = missing.to_string();
     assert!(message.contains("etcd-server"), "{message}");
     // And the real lookup finds it on this machine.
-    assert!(support::etcd::binary().is_file());
+    assert!(binary("etcd", "etcd-server").is_ok_and(|path| path.is_file()));
 }

@@ -15,17 +15,17 @@
 //! connections, one request outstanding on each, one thread. Both run one thread;
 //! the machine's other core is Redis's.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 use std::process::Command;
 use std::rc::Rc;
 use std::time::{Duration as StdDuration, Instant as StdInstant};
 
+use common::*;
 use leasehold::{Fence, Owner, RenewOutcome, Term};
 use leasehold_driver::LockService;
 use leasehold_redis::{Acquired, RedisLockService};
-use support::*;
 
 const TTL_MS: u64 = 60_000;
 
@@ -170,22 +170,23 @@ fn redis_benchmark_rate(server: &RedisServer, n: usize, token: &str, ours: f64, 
         .to_owned();
     // About `secs` seconds' worth of requests at our rate, at least 10 per client.
     let requests = ((ours * secs) as usize).max(10 * n);
-    let output = Command::new(support::server::binary("redis-benchmark"))
-        .args(["-h", "127.0.0.1", "-p"])
-        .arg(server.port.to_string())
-        .arg("-c")
-        .arg(n.to_string())
-        .arg("-n")
-        .arg(requests.to_string())
-        .arg("-r")
-        .arg(n.to_string())
-        // Every bench key was granted once, so every fence is 1: the script's first
-        // argument is `<token>\n1\n`, the start of every lock value.
-        .args(["--csv", "EVALSHA", &sha, "1", "{bench:__rand_int__}"])
-        .arg(format!("{token}\n1\n"))
-        .arg(TTL_MS.to_string())
-        .output()
-        .expect("run redis-benchmark (Debian package redis-tools, pulled in by redis-server)");
+    let output =
+        Command::new(binary("redis-benchmark", "redis-tools").unwrap_or_else(|e| panic!("{e}")))
+            .args(["-h", "127.0.0.1", "-p"])
+            .arg(server.port().to_string())
+            .arg("-c")
+            .arg(n.to_string())
+            .arg("-n")
+            .arg(requests.to_string())
+            .arg("-r")
+            .arg(n.to_string())
+            // Every bench key was granted once, so every fence is 1: the script's first
+            // argument is `<token>\n1\n`, the start of every lock value.
+            .args(["--csv", "EVALSHA", &sha, "1", "{bench:__rand_int__}"])
+            .arg(format!("{token}\n1\n"))
+            .arg(TTL_MS.to_string())
+            .output()
+            .expect("run redis-benchmark (Debian package redis-tools, pulled in by redis-server)");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "redis-benchmark failed: {stdout}");
     // "test","rps",...  then  "EVALSHA ...","12345.67",... where the quoted command

@@ -9,13 +9,13 @@
 //! "crashes" (its driver is dropped without a release), so handoffs through Redis's
 //! expiry are exercised too.
 
-mod support;
+mod common;
 
 use std::cell::RefCell;
 use std::rc::Rc;
 
+use common::*;
 use leasehold::{Event, Fence, Instant};
-use support::*;
 
 const CONTENDERS: usize = 16;
 const TTL_MS: u64 = 300;
@@ -115,7 +115,7 @@ fn sixteen_contenders_never_overlap_and_fences_increase() {
             task.await.expect("a contender panicked");
         }
         storage.assert_no_stale_admitted();
-        let rejected = storage.log().iter().filter(|(_, ok, _)| !ok).count();
+        let rejected = storage.log().iter().filter(|(_, ok)| !ok).count();
         assert_eq!(rejected, 0, "no stale write ever reached storage");
         let records = records.borrow().clone();
         records

@@ -10,17 +10,17 @@
 //! with `LEASEHOLD_REDIS_CHILD` set), so its `main` dispatches before running the
 //! tests through libtest-mimic.
 
-mod support;
+mod common;
 
 use std::process::Stdio;
 
+use common::*;
 use leasehold::{Event, Fence, GateError, LossReason};
 use leasehold_driver::TermEnd;
 use leasehold_redis::{Acquired, RedisLockError, RedisLockService, Renewed};
 use libtest_mimic::{Arguments, Trial};
 use nix::sys::signal::Signal;
 use redis::AsyncCommands;
-use support::*;
 use tokio::io::AsyncBufReadExt;
 
 const CHILD_ENV: &str = "LEASEHOLD_REDIS_CHILD";
@@ -170,9 +170,9 @@ fn restart_without_persistence() {
 }
 
 fn restart_with_aof() {
-    let mut server = RedisServer::start_with(ServerOptions {
-        aof: true,
-        ..ServerOptions::default()
+    let mut server = RedisServer::start_with(RedisOptions {
+        appendonly: true,
+        ..RedisOptions::default()
     });
     run_local(async {
         let service = service(&server.url()).await;
@@ -222,9 +222,9 @@ fn restart_with_aof() {
 }
 
 fn outage_longer_than_ttl() {
-    let mut server = RedisServer::start_with(ServerOptions {
-        aof: true,
-        ..ServerOptions::default()
+    let mut server = RedisServer::start_with(RedisOptions {
+        appendonly: true,
+        ..RedisOptions::default()
     });
     run_local(async {
         let service = service(&server.url()).await;
@@ -462,8 +462,8 @@ fn client_paused_with_sigstop() {
 fn network_stall() {
     let server = RedisServer::start();
     run_local(async {
-        let proxy = Proxy::start(server.port).await;
-        let through_proxy = service(&proxy.url()).await;
+        let proxy = Proxy::start(server.port()).await;
+        let through_proxy = service(&proxy_url(&proxy)).await;
         let direct = service(&server.url()).await;
         let storage = Storage::default();
         let watcher = KeyWatcher::start(&server.url(), "stall").await;
@@ -679,13 +679,13 @@ async fn wait_replicated(server: &RedisServer, key: &str, value: &str) {
 
 fn failover_replicated() {
     let mut primary = RedisServer::start();
-    let replica = RedisServer::start_with(ServerOptions {
-        replica_of: Some(primary.port),
-        ..ServerOptions::default()
+    let replica = RedisServer::start_with(RedisOptions {
+        replica_of: Some(primary.port()),
+        ..RedisOptions::default()
     });
     run_local(async {
-        let proxy = Proxy::start(primary.port).await;
-        let service = service(&proxy.url()).await;
+        let proxy = Proxy::start(primary.port()).await;
+        let service = service(&proxy_url(&proxy)).await;
         let storage = Storage::default();
         let mut a = spawn_term(service.clone(), "fo", config(1_000));
         let (fence_a, _) = a.acquired(std_ms(2_000)).await;
@@ -697,8 +697,8 @@ fn failover_replicated() {
         let started = mono_now();
         primary.kill();
         promote(&replica).await;
-        proxy.retarget(replica.port);
-        proxy.sever();
+        proxy.retarget(replica.port());
+        proxy.cut();
         let reloads_before = service.script_reloads();
         let (first_renewal, _) = a
             .next_event("a renewal on the new primary", std_ms(3_000), |e| {
@@ -741,18 +741,18 @@ fn failover_lost_write() {
     run_local(async {
         // The replica replicates through a proxy, so the test can hold the stream back
         // (SIGSTOP would not: the kernel still buffers what the primary sends).
-        let link = Proxy::start(primary.port).await;
-        let link_port = link.port;
+        let link = Proxy::start(primary.port()).await;
+        let link_port = link.port();
         let replica = tokio::task::spawn_blocking(move || {
-            RedisServer::start_with(ServerOptions {
+            RedisServer::start_with(RedisOptions {
                 replica_of: Some(link_port),
-                ..ServerOptions::default()
+                ..RedisOptions::default()
             })
         })
         .await
         .unwrap();
-        let proxy = Proxy::start(primary.port).await;
-        let service = service(&proxy.url()).await;
+        let proxy = Proxy::start(primary.port()).await;
+        let service = service(&proxy_url(&proxy)).await;
         let storage = Storage::default();
         // History that did replicate: fence 1.
         let first = leasehold_redis::random_owner().token(leasehold::Term(1));
@@ -770,10 +770,10 @@ fn failover_lost_write() {
         assert_eq!(fence_a, Fence(2));
         assert!(try_write(&a, &storage).unwrap().is_ok());
         primary.kill();
-        link.sever();
+        link.cut();
         promote(&replica).await;
-        proxy.retarget(replica.port);
-        proxy.sever();
+        proxy.retarget(replica.port());
+        proxy.cut();
 
         // The new primary never saw A's grant nor its INCR. A second client acquires
         // at once and gets the SAME fence: a double grant the fence gate cannot see,
@@ -835,8 +835,8 @@ async fn service_at(server: &RedisServer) -> RedisLockService {
 fn lost_acquire_answer() {
     let server = RedisServer::start();
     run_local(async {
-        let proxy = Proxy::start(server.port).await;
-        let service = service(&proxy.url()).await;
+        let proxy = Proxy::start(server.port()).await;
+        let service = service(&proxy_url(&proxy)).await;
         let mut raw = raw(&server.url()).await;
         // The acquire goes out into a stalled network and times out at the lease…
         proxy.set_mode(ProxyMode::Stall);
@@ -971,8 +971,8 @@ fn held_key_replaced_by_hash() {
 fn garbage_replies() {
     let server = RedisServer::start();
     run_local(async {
-        let proxy = Proxy::start(server.port).await;
-        let service = service(&proxy.url()).await;
+        let proxy = Proxy::start(server.port()).await;
+        let service = service(&proxy_url(&proxy)).await;
         let t = leasehold_redis::random_owner().token(leasehold::Term(1));
         let is_unknown = |e: &RedisLockError| {
             matches!(
@@ -997,7 +997,10 @@ fn garbage_replies() {
             b"-ERR injected\r\n",
         ];
         for garbage in cases {
-            proxy.set_mode(ProxyMode::Garbage(garbage.to_vec()));
+            proxy.set_mode(ProxyMode::RewriteReplies {
+                reply: garbage.to_vec(),
+                frame: resp_frame_len,
+            });
             let shown = String::from_utf8_lossy(garbage).replace("\r\n", " ");
             let acquire_err = service
                 .try_acquire("gr", t, &leasehold::Identity::EMPTY, ms(1_000))
@@ -1020,7 +1023,10 @@ fn garbage_replies() {
         }
         // A well-formed renew answer (`:1`): a forger that speaks the protocol is
         // believed, as from any server.
-        proxy.set_mode(ProxyMode::Garbage(b":1\r\n".to_vec()));
+        proxy.set_mode(ProxyMode::RewriteReplies {
+            reply: b":1\r\n".to_vec(),
+            frame: resp_frame_len,
+        });
         assert_eq!(
             service
                 .try_renew("gr", t, Fence(1), ms(1_000))
@@ -1030,7 +1036,10 @@ fn garbage_replies() {
         );
 
         // A lease behind the garbage never opens its gate.
-        proxy.set_mode(ProxyMode::Garbage(b"*2\r\n:1\r\n$1\r\n0\r\n".to_vec()));
+        proxy.set_mode(ProxyMode::RewriteReplies {
+            reply: b"*2\r\n:1\r\n$1\r\n0\r\n".to_vec(),
+            frame: resp_frame_len,
+        });
         let mut holder = spawn_term(service.clone(), "gl", config(300));
         for _ in 0..3 {
             let _ = holder

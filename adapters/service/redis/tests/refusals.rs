@@ -2,10 +2,11 @@
 //! answer at once (a final `Refused(reason)` or a bounded `Indeterminate`), with an
 //! error text that says what failed, where, and what to do.
 
-mod support;
+mod common;
 
 use std::time::Instant as StdInstant;
 
+use common::*;
 use leasehold::{
     AcquireOutcome, Fence, HolderOutcome, Identity, Indeterminate, Owner, Refusal, ReleaseOutcome,
     RenewOutcome, Term,
@@ -13,7 +14,6 @@ use leasehold::{
 use leasehold_driver::LockService;
 use leasehold_redis::{Op, RedisLockError, RedisLockService};
 use redis::AsyncCommands;
-use support::*;
 
 fn token(owner: u8, term: u32) -> leasehold::OwnerToken {
     Owner([owner; 16]).token(Term(term))
@@ -39,8 +39,8 @@ fn invalid_keys_are_refused_at_once_without_a_round_trip() {
     run_local(async {
         // Behind a stalled proxy every request that is sent times out after 2 s; an
         // invalid key must come back at once, so it was never sent.
-        let proxy = Proxy::start(server.port).await;
-        let service = service(&proxy.url()).await;
+        let proxy = Proxy::start(server.port()).await;
+        let service = service(&proxy_url(&proxy)).await;
         proxy.set_mode(ProxyMode::Stall);
         let long = "x".repeat(257);
         for key in ["", "a{b}", "x}", "{t}", "a\nb", long.as_str()] {
@@ -116,7 +116,7 @@ fn a_key_holding_a_list_is_wrong_type_and_nothing_is_written() {
             .unwrap_err();
         let shown = err.to_string();
         assert!(
-            shown.contains(&format!("acquire on 127.0.0.1:{}", server.port))
+            shown.contains(&format!("acquire on 127.0.0.1:{}", server.port()))
                 && shown.contains("a Redis type other than a string")
                 && shown.contains("WRONGTYPE"),
             "{shown}"
@@ -226,9 +226,9 @@ fn a_garbage_fence_counter_is_refused_before_anything_is_written() {
 
 #[test]
 fn a_wrong_or_missing_password_is_a_clear_error_at_connect() {
-    let server = RedisServer::start_with(ServerOptions {
+    let server = RedisServer::start_with(RedisOptions {
         password: Some("s3cret".into()),
-        ..ServerOptions::default()
+        ..RedisOptions::default()
     });
     run_local(async {
         let service = service(&server.url()).await;
@@ -239,7 +239,7 @@ fn a_wrong_or_missing_password_is_a_clear_error_at_connect() {
                 .unwrap(),
             leasehold_redis::Acquired::Granted { .. }
         ));
-        let at = format!("127.0.0.1:{}", server.port);
+        let at = format!("127.0.0.1:{}", server.port());
         for (url, code) in [
             (format!("redis://:wrong@{at}"), "WRONGPASS"),
             (format!("redis://{at}"), "NOAUTH"),
@@ -272,7 +272,7 @@ fn credentials_refused_on_a_later_call_are_unauthorized() {
             .query_async(&mut raw)
             .await
             .unwrap();
-        let url = format!("redis://app:pw@127.0.0.1:{}", server.port);
+        let url = format!("redis://app:pw@127.0.0.1:{}", server.port());
         let service = service(&url).await;
         let t = token(1, 1);
         assert!(matches!(
@@ -374,7 +374,7 @@ fn redis_stopped_after_connect_is_indeterminate_within_the_request_timeout() {
             "{err:?}"
         );
         assert!(
-            shown.contains(&format!("on 127.0.0.1:{}: ", server.port)),
+            shown.contains(&format!("on 127.0.0.1:{}: ", server.port())),
             "{shown}"
         );
     });
@@ -383,9 +383,9 @@ fn redis_stopped_after_connect_is_indeterminate_within_the_request_timeout() {
 #[test]
 fn a_read_only_replica_is_indeterminate_never_a_refusal() {
     let primary = RedisServer::start();
-    let replica = RedisServer::start_with(ServerOptions {
-        replica_of: Some(primary.port),
-        ..ServerOptions::default()
+    let replica = RedisServer::start_with(RedisOptions {
+        replica_of: Some(primary.port()),
+        ..RedisOptions::default()
     });
     run_local(async {
         let on_primary = service(&primary.url()).await;
@@ -431,7 +431,7 @@ fn a_read_only_replica_is_indeterminate_never_a_refusal() {
 
 #[test]
 fn a_refused_connection_names_the_address() {
-    let port = support::server::free_port();
+    let port = free_port();
     run_local(async {
         let started = StdInstant::now();
         let err = RedisLockService::connect(&format!("redis://127.0.0.1:{port}"))
@@ -513,8 +513,8 @@ fn failures_are_logged_with_tracing() {
         .finish();
     tracing::subscriber::with_default(subscriber, || {
         run_local(async {
-            let proxy = Proxy::start(server.port).await;
-            let service = RedisLockService::builder(proxy.url())
+            let proxy = Proxy::start(server.port()).await;
+            let service = RedisLockService::builder(proxy_url(&proxy))
                 .request_timeout(Some(std_ms(100)))
                 .connect()
                 .await

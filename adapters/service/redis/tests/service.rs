@@ -3,8 +3,9 @@
 //! NOSCRIPT reload, cluster slots, `Send` use from many tasks, and errors as `tracing`
 //! logs. Bad input and broken servers are in `tests/refusals.rs`.
 
-mod support;
+mod common;
 
+use common::*;
 use leasehold::{
     AcquireOutcome, Duration, Fence, HolderOutcome, Identity, Owner, ReleaseOutcome, RenewOutcome,
     Term,
@@ -12,7 +13,6 @@ use leasehold::{
 use leasehold_driver::LockService;
 use leasehold_redis::{Acquired, Keys, Released, Renewed};
 use redis::AsyncCommands;
-use support::*;
 
 fn token(owner: u8, term: u32) -> leasehold::OwnerToken {
     Owner([owner; 16]).token(Term(term))
@@ -453,9 +453,9 @@ fn scripts_are_reloaded_transparently_after_script_flush() {
 
 #[test]
 fn both_keys_live_in_one_cluster_slot() {
-    let server = RedisServer::start_with(ServerOptions {
+    let server = RedisServer::start_with(RedisOptions {
         cluster: true,
-        ..ServerOptions::default()
+        ..RedisOptions::default()
     });
     run_local(async {
         let mut raw = raw(&server.url()).await;
@@ -592,9 +592,12 @@ fn the_service_is_send_and_shared_by_many_tasks_on_a_multi_threaded_runtime() {
 
 #[test]
 fn a_missing_redis_server_binary_fails_naming_the_debian_package() {
-    let panic = std::panic::catch_unwind(|| support::server::binary("redis-server-not-installed"))
+    // A PATH without redis-server on it: the starter's lookup must fail (the starters
+    // panic with this message), never skip, and say which package to install.
+    let empty = scratch_dir("no-redis-server");
+    let err = binary_in("redis-server", "redis-server", empty.path())
         .expect_err("a missing binary must fail, never skip");
-    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    let message = err.to_string();
     assert!(
         message.contains("Debian package `redis-server`"),
         "{message}"

@@ -2,18 +2,18 @@
 //! by `openssl` for this test. Needs the `tls` feature:
 //! `cargo test -p leasehold-redis --features tls --test tls`.
 
-mod support;
+mod common;
 
 use std::path::Path;
 use std::process::Command;
 
 use leasehold::{Fence, Owner, Term};
 use leasehold_redis::{Acquired, RedisLockError, RedisLockService, Released, Renewed};
-use support::server::TlsFiles;
-use support::*;
+
+use common::*;
 
 fn openssl(dir: &Path, args: &[&str]) {
-    let status = Command::new(support::server::binary("openssl"))
+    let status = Command::new(binary("openssl", "openssl").unwrap_or_else(|e| panic!("{e}")))
         .current_dir(dir)
         .args(args)
         .output()
@@ -95,15 +95,16 @@ fn make_certs(dir: &Path) -> TlsFiles {
 
 #[test]
 fn rediss_with_a_private_ca_and_a_password() {
-    let dir = std::env::temp_dir().join(format!("leasehold-redis-tls-{}", std::process::id()));
-    let tls = make_certs(&dir);
-    let server = RedisServer::start_with(ServerOptions {
+    let dir = scratch_dir("redis-tls");
+    let tls = make_certs(dir.path());
+    let server = RedisServer::start_with(RedisOptions {
         password: Some("tls-secret".into()),
         tls: Some(tls.clone()),
-        ..ServerOptions::default()
+        ..RedisOptions::default()
     });
+    let tls_port = server.tls_port().expect("started with TLS");
     run_local(async {
-        let url = format!("rediss://:tls-secret@127.0.0.1:{}", server.tls_port);
+        let url = format!("rediss://:tls-secret@127.0.0.1:{tls_port}");
         let ca = std::fs::read(&tls.ca).unwrap();
         let service = RedisLockService::builder(url.as_str())
             .tls_root_cert(ca)
@@ -147,12 +148,9 @@ fn rediss_with_a_private_ca_and_a_password() {
             matches!(err, RedisLockError::Transport { .. })
                 && err.to_string().contains("certificate")
                 && err.to_string().contains("tls_root_cert")
-                && err
-                    .to_string()
-                    .contains(&format!("127.0.0.1:{}", server.tls_port)),
+                && err.to_string().contains(&format!("127.0.0.1:{tls_port}")),
             "{err:?}"
         );
         eprintln!("[tls] untrusted certificate: {err}");
     });
-    let _ = std::fs::remove_dir_all(&dir);
 }

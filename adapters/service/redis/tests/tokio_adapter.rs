@@ -1,16 +1,16 @@
 //! The Redis service under the tokio adapter (`leasehold_tokio::acquire` with an
 //! `Arc<RedisLockService>`) on a multi-threaded runtime: the production setup.
 
-mod support;
+mod common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration as StdDuration;
 
+use common::*;
 use leasehold::{Event, Fence, GateError, Identity, LossReason, Refusal};
 use leasehold_redis::RedisLockService;
 use leasehold_tokio::{acquire, acquire_with, AcquireError, AcquireOptions, CheckError, LeaseEnd};
 use redis::AsyncCommands;
-use support::*;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -75,8 +75,8 @@ fn outside_delete_and_long_stall_end_the_lease_through_the_adapter() {
         );
 
         // A stalled network: Expired at the safe deadline, before Redis's TTL.
-        let proxy = Proxy::start(server.port).await;
-        let stalled = shared(&proxy.url()).await;
+        let proxy = Proxy::start(server.port()).await;
+        let stalled = shared(&proxy_url(&proxy)).await;
         let lease = acquire(stalled, "tkstall", config(300)).await.unwrap();
         proxy.set_mode(ProxyMode::Stall);
         let end = tokio::time::timeout(std_ms(1_000), lease.lost())

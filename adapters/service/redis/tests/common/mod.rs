@@ -1,11 +1,10 @@
-//! Test support: a real `redis-server` per test on a free loopback port, a loopback
-//! TCP proxy that can stall, retarget or rewrite replies, a monotonic clock shared
-//! across processes, a lease runner built on `leasehold_driver::run_term`, a
-//! fence-guarded storage, and a watcher that measures the service-side expiry.
+//! What the Redis tests share beyond `leasehold-test-support` (servers, proxy,
+//! `Storage`, `wait_for` come from there and are re-exported here): a monotonic clock
+//! shared across processes, a lease runner built on `leasehold_driver::run_term`, the
+//! service and raw connections on a server, and a watcher that measures the
+//! service-side expiry. Everything here knows Redis's lock values or the
+//! `RedisLockService` type, which is why it is not in the shared crate.
 #![allow(dead_code)]
-
-pub mod proxy;
-pub mod server;
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -13,8 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration as StdDuration;
 
 use leasehold::{
-    Config, Duration, Event, Fence, FenceGate, Identity, Instant, Lease, LossReason, Owner,
-    StaleFence, WriteGate,
+    Config, Duration, Event, Fence, Identity, Instant, Lease, LossReason, Owner, WriteGate,
 };
 use leasehold_driver::{run_term, Clock, Report, Target, TermEnd};
 use leasehold_redis::RedisLockService;
@@ -22,9 +20,12 @@ use redis::aio::MultiplexedConnection;
 use tokio::sync::{mpsc, oneshot};
 
 #[allow(unused_imports)]
-pub use proxy::{Proxy, ProxyMode};
+pub use leasehold_test_support::redis::resp_frame_len;
 #[allow(unused_imports)]
-pub use server::{RedisServer, ServerOptions};
+pub use leasehold_test_support::{
+    binary, binary_in, free_port, scratch_dir, wait_for, Proxy, ProxyMode, RedisOptions,
+    RedisServer, Storage, TlsFiles,
+};
 
 /// Now on `CLOCK_MONOTONIC`, in microseconds: the same timeline in every process on
 /// this machine, so a child process's deadlines compare with the parent's readings.
@@ -69,23 +70,6 @@ pub fn run_local<F: std::future::Future>(f: F) -> F::Output {
         .build()
         .expect("tokio runtime");
     tokio::task::LocalSet::new().block_on(&rt, f)
-}
-
-/// Polls `cond` every few milliseconds until it holds; panics with `what` after
-/// `limit`. The bounded, event-driven wait the tests use instead of bare sleeps.
-pub async fn wait_for<F, Fut>(what: &str, limit: StdDuration, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let give_up = tokio::time::Instant::now() + limit;
-    while !cond().await {
-        assert!(
-            tokio::time::Instant::now() < give_up,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        tokio::time::sleep(std_ms(3)).await;
-    }
 }
 
 /// One term of a lease, running on the current `LocalSet`.
@@ -348,59 +332,6 @@ impl Running {
     }
 }
 
-/// Storage guarded by a fence gate: what the protected resource does with writes.
-#[derive(Clone, Default)]
-pub struct Storage {
-    inner: Arc<Mutex<StorageInner>>,
-}
-
-#[derive(Default)]
-pub struct StorageInner {
-    pub gate: FenceGate,
-    /// Every write: its fence, whether it was admitted, and when.
-    pub log: Vec<(Fence, bool, Instant)>,
-    pub counter: u64,
-}
-
-impl Storage {
-    pub fn starting_at(fence: Fence) -> Storage {
-        let storage = Storage::default();
-        storage.inner.lock().unwrap().gate = FenceGate::starting_at(fence);
-        storage
-    }
-
-    pub fn write(&self, fence: Fence) -> Result<u64, StaleFence> {
-        let mut inner = self.inner.lock().unwrap();
-        let result = inner.gate.admit(fence);
-        inner.log.push((fence, result.is_ok(), mono_now()));
-        result?;
-        inner.counter += 1;
-        Ok(inner.counter)
-    }
-
-    pub fn newest(&self) -> Option<Fence> {
-        self.inner.lock().unwrap().gate.newest()
-    }
-
-    pub fn log(&self) -> Vec<(Fence, bool, Instant)> {
-        self.inner.lock().unwrap().log.clone()
-    }
-
-    /// No write of `old` was admitted after a write of a newer fence.
-    pub fn assert_no_stale_admitted(&self) {
-        let mut newest = None;
-        for (fence, admitted, _) in self.log() {
-            if admitted {
-                assert!(
-                    newest.is_none_or(|n| fence >= n),
-                    "{fence} admitted after {newest:?}"
-                );
-                newest = Some(fence);
-            }
-        }
-    }
-}
-
 /// A raw connection for commands from "outside" (another client, an operator).
 pub async fn raw(url: &str) -> MultiplexedConnection {
     redis::Client::open(url)
@@ -410,6 +341,12 @@ pub async fn raw(url: &str) -> MultiplexedConnection {
         .expect("raw connection")
 }
 
+/// `redis://127.0.0.1:<port>` of a proxy (in front of a server without a password).
+pub fn proxy_url(proxy: &Proxy) -> String {
+    format!("redis://127.0.0.1:{}", proxy.port())
+}
+
+/// The service the tests use: a 2 s request timeout, so nothing waits forever.
 pub async fn service(url: &str) -> RedisLockService {
     RedisLockService::builder(url)
         .request_timeout(Some(std_ms(2_000)))

@@ -1,19 +1,23 @@
-//! Test support: real etcd members on loopback ([`etcd`]), a proxy that can stall
-//! ([`proxy`]), the service on them, a fence-guarded storage, and bounded,
-//! event-driven waits.
+//! What the etcd tests share beyond `leasehold-test-support` (the cluster, the proxy,
+//! `Storage` and `wait_for` come from there and are re-exported here): the service on
+//! a cluster, plain `etcd_client` clients for "outside" actions, etcd's own
+//! counters, and a deadline for awaits. Everything here needs `etcd_client` or
+//! `EtcdLockService`, which is why it is not in the shared crate.
 #![allow(dead_code)]
 
-pub mod etcd;
-pub mod proxy;
-
 use std::future::Future;
-use std::sync::{Arc, Mutex, Once};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Once;
 use std::time::Duration as StdDuration;
 
-use leasehold::{Config, Duration, Fence, FenceGate, Identity, OwnerToken, StaleFence, Term};
+use leasehold::{Config, Duration, Identity, OwnerToken, Term};
 use leasehold_etcd::EtcdLockService;
 
-pub use etcd::{Cluster, Timing};
+#[allow(unused_imports)]
+pub use leasehold_test_support::{
+    binary, binary_in, free_port, scratch_dir, wait_for, EtcdCluster, Proxy, Storage, Timing,
+};
 
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -46,7 +50,7 @@ pub fn config(ttl_ms: u64) -> Config {
 }
 
 /// The service on every member of `cluster`.
-pub async fn service(cluster: &Cluster) -> EtcdLockService {
+pub async fn service(cluster: &EtcdCluster) -> EtcdLockService {
     service_on(cluster.endpoints()).await
 }
 
@@ -83,22 +87,6 @@ pub fn within<F: Future>(limit_ms: u64, future: F) -> impl Future<Output = F::Ou
     }
 }
 
-/// Polls `cond` every few milliseconds until it holds; fails after `limit_ms`.
-pub async fn wait_for<F, Fut>(what: &str, limit_ms: u64, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let give_up = tokio::time::Instant::now() + std_ms(limit_ms);
-    while !cond().await {
-        assert!(
-            tokio::time::Instant::now() < give_up,
-            "timed out after {limit_ms} ms waiting for {what}"
-        );
-        tokio::time::sleep(std_ms(5)).await;
-    }
-}
-
 /// The leases etcd has, by id.
 pub async fn leases(client: &mut etcd_client::Client) -> Vec<i64> {
     let mut ids: Vec<i64> = client
@@ -122,38 +110,55 @@ pub async fn value(client: &mut etcd_client::Client, key: &str) -> Option<String
         .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
 }
 
-/// Storage guarded by a fence gate: what the protected resource does with writes.
-#[derive(Clone, Default)]
-pub struct Storage {
-    inner: Arc<Mutex<StorageInner>>,
+/// `http://127.0.0.1:<port>` of a proxy in front of a member.
+pub fn proxy_endpoint(proxy: &Proxy) -> String {
+    format!("http://127.0.0.1:{}", proxy.port())
 }
 
-#[derive(Default)]
-struct StorageInner {
-    gate: FenceGate,
-    /// Every write: its fence and whether it was admitted.
-    log: Vec<(Fence, bool)>,
+/// A plain etcd client on every member (for "outside" actions and inspection).
+pub async fn client(cluster: &EtcdCluster) -> etcd_client::Client {
+    connect_client(cluster.endpoints(), StdDuration::from_secs(5)).await
 }
 
-impl Storage {
-    pub fn write(&self, fence: Fence) -> Result<(), StaleFence> {
-        let mut inner = self.inner.lock().unwrap();
-        let result = inner.gate.admit(fence);
-        inner.log.push((fence, result.is_ok()));
-        result
-    }
+/// A plain client on member `i` only.
+pub async fn client_of(cluster: &EtcdCluster, i: usize) -> etcd_client::Client {
+    connect_client(vec![cluster.endpoint(i)], StdDuration::from_secs(2)).await
+}
 
-    /// No fence was admitted after a newer one.
-    pub fn assert_no_stale_admitted(&self) {
-        let mut newest: Option<Fence> = None;
-        for &(fence, admitted) in &self.inner.lock().unwrap().log {
-            if admitted {
-                assert!(
-                    newest.is_none_or(|n| fence >= n),
-                    "{fence} admitted after {newest:?}"
-                );
-                newest = Some(fence);
-            }
-        }
-    }
+async fn connect_client(endpoints: Vec<String>, timeout: StdDuration) -> etcd_client::Client {
+    etcd_client::Client::connect(
+        endpoints,
+        Some(
+            etcd_client::ConnectOptions::new()
+                .with_connect_timeout(StdDuration::from_secs(1))
+                .with_timeout(timeout),
+        ),
+    )
+    .await
+    .expect("an outside etcd client")
+}
+
+/// The value of the Prometheus counter `name` on the member at `port` (`GET
+/// /metrics`), e.g. `etcd_debugging_lease_granted_total`.
+pub fn counter(port: u16, name: &str) -> u64 {
+    let body = http_get(port, "/metrics").expect("GET /metrics");
+    body.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .map(|value| value as u64)
+        .unwrap_or_else(|| panic!("no counter {name} in /metrics"))
+}
+
+/// `GET path` over a fresh socket (HTTP/1.0, so the body is not chunked); the body.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(StdDuration::from_millis(1_000)))
+        .ok()?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut reply = String::new();
+    let _ = stream.read_to_string(&mut reply);
+    reply.split("\r\n\r\n").nth(1).map(str::to_owned)
 }

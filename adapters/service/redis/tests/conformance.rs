@@ -1,0 +1,23 @@
+//! The service contract of `leasehold-driver`, clause by clause
+//! (`leasehold-conformance`), against a real `redis-server`.
+
+use std::time::Duration as StdDuration;
+
+use leasehold::Duration;
+use leasehold_conformance::{run_all, Capabilities};
+use leasehold_redis::RedisLockService;
+use leasehold_test_support::RedisServer;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_keeps_the_contract() {
+    let server = RedisServer::start();
+    let service = RedisLockService::builder(server.url())
+        .request_timeout(Some(StdDuration::from_secs(2)))
+        .connect()
+        .await
+        .expect("connect to the test redis-server");
+    // Millisecond TTLs (PX / PEXPIRE), expired by Redis on access: the defaults of
+    // `Capabilities::new`. 300 ms leaves the "still held halfway" checks room for a
+    // loaded machine (see the conformance README).
+    run_all(&service, &Capabilities::new(Duration::from_millis(300))).await;
+}
