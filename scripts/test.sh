@@ -5,8 +5,9 @@
 #
 # It installs what is missing (rustup targets, redis-server, etcd, protoc, ARM
 # binutils), then runs: fmt, clippy, the tests (real servers are started by the tests
-# themselves on free loopback ports), the loom models, the no_std target builds, the
-# firmware builds with their size table, and the docs with warnings denied.
+# themselves on free loopback ports; every lock service runs the conformance suite),
+# the loom models, the no_std target builds, the firmware builds with their size table,
+# the docs with warnings denied, and `cargo publish --dry-run` of every library crate.
 # Each stage is a script in scripts/; run one alone with e.g. `bash scripts/loom.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,4 +30,5 @@ stage loom bash scripts/loom.sh
 stage no_std bash scripts/no-std.sh
 stage embassy bash scripts/embassy.sh
 stage docs env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+stage publish bash scripts/publish-check.sh
 echo "::: all checks passed in ${SECONDS} s"
