@@ -828,7 +828,10 @@ impl Lease {
                 // the TTL asked even if the service applied more: another renewal of
                 // this term, delayed in the network and handled later, may still set
                 // the expiry to its own handling time + the TTL asked.
-                match self.config.safe_deadline(self.sent_at, ttl.min(self.granted)) {
+                match self
+                    .config
+                    .safe_deadline(self.sent_at, ttl.min(self.granted))
+                {
                     Some(deadline) if ttl >= self.granted && deadline >= self.deadline => {
                         self.hold(deadline, now, EventKind::Renewed, gate);
                     }

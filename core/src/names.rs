@@ -30,15 +30,31 @@ pub fn check_key(key: &str) -> Result<(), KeyError> {
     if key.len() > MAX_KEY_LEN {
         return Err(KeyError::TooLong { len: key.len() });
     }
-    for (at, c) in key.char_indices() {
-        if c == '{' || c == '}' {
+    let bytes = key.as_bytes();
+    for (at, &byte) in bytes.iter().enumerate() {
+        if byte == b'{' || byte == b'}' {
             return Err(KeyError::Brace { at });
         }
-        if c.is_control() {
+        if control_at(bytes, at, byte) {
             return Err(KeyError::Control { at });
         }
     }
     Ok(())
+}
+
+/// Whether a control character (Unicode's `Cc`: U+0000–U+001F, U+007F–U+009F) starts at
+/// byte `at` of valid UTF-8, `byte` being `bytes[at]`.
+///
+/// Read byte by byte, without decoding characters: on a 32-bit MCU a `char` decoder
+/// costs several hundred bytes of flash, and in UTF-8 these characters are the bytes
+/// below 0x20, 0x7F, and the two-byte sequences `C2 80`–`C2 9F`.
+fn control_at(bytes: &[u8], at: usize, byte: u8) -> bool {
+    byte < 0x20
+        || byte == 0x7f
+        || (byte == 0xc2
+            && bytes
+                .get(at.wrapping_add(1))
+                .is_some_and(|&next| (0x80..=0x9f).contains(&next)))
 }
 
 /// Why a key breaks the key rules (see [`check_key`]).
@@ -112,11 +128,16 @@ impl Identity {
         if text.len() > Identity::CAPACITY {
             return Err(IdentityError::TooLong { len: text.len() });
         }
-        if let Some((at, _)) = text.char_indices().find(|(_, c)| c.is_control()) {
+        let bytes = text.as_bytes();
+        if let Some(at) = (0..bytes.len()).find(|&at| {
+            bytes
+                .get(at)
+                .is_some_and(|&byte| control_at(bytes, at, byte))
+        }) {
             return Err(IdentityError::Control { at });
         }
         let mut identity = Identity::EMPTY;
-        for (slot, byte) in identity.buf.iter_mut().zip(text.bytes()) {
+        for (slot, &byte) in identity.buf.iter_mut().zip(bytes) {
             *slot = byte;
         }
         identity.len = text.len() as u8;
@@ -124,20 +145,21 @@ impl Identity {
     }
 
     /// Like [`new`](Self::new), but cuts `text` to the longest prefix that fits (on a
-    /// character boundary) and replaces control characters with `?`: for identities
-    /// read back from a service, which must not fail a query.
+    /// character boundary) and replaces each byte of a control character with `?`: for
+    /// identities read back from a service, which must not fail a query.
     pub fn lossy(text: &str) -> Identity {
+        let mut len = text.len().min(Identity::CAPACITY);
+        while !text.is_char_boundary(len) {
+            len = len.saturating_sub(1);
+        }
+        let bytes = text.as_bytes().get(..len).unwrap_or(&[]);
         let mut identity = Identity::EMPTY;
-        let mut len = 0usize;
-        for c in text.chars() {
-            let c = if c.is_control() { '?' } else { c };
-            let mut utf8 = [0; 4];
-            let encoded = c.encode_utf8(&mut utf8).as_bytes();
-            let Some(slots) = identity.buf.get_mut(len..len.saturating_add(encoded.len())) else {
-                break;
-            };
-            slots.copy_from_slice(encoded);
-            len = len.saturating_add(encoded.len());
+        let mut control_tail = false;
+        for (at, (slot, &byte)) in identity.buf.iter_mut().zip(bytes).enumerate() {
+            // The second byte of a `C2 80`–`C2 9F` control character goes too.
+            let control = control_tail || control_at(bytes, at, byte);
+            control_tail = control && byte == 0xc2;
+            *slot = if control { b'?' } else { byte };
         }
         identity.len = len as u8;
         identity
@@ -252,6 +274,9 @@ mod tests {
         assert_eq!(check_key(""), Err(KeyError::Empty));
         assert_eq!(check_key("ab}"), Err(KeyError::Brace { at: 2 }));
         assert_eq!(check_key("a\nb"), Err(KeyError::Control { at: 1 }));
+        assert_eq!(check_key("a\u{7f}"), Err(KeyError::Control { at: 1 }));
+        assert_eq!(check_key("ab\u{9f}"), Err(KeyError::Control { at: 2 }));
+        assert_eq!(check_key("\u{a0}\u{100}\u{1f600}"), Ok(()), "not controls");
     }
 
     #[test]
@@ -275,5 +300,27 @@ mod tests {
             63
         );
         assert_eq!(Identity::lossy("a\u{7}b").as_str(), "a?b");
+        assert_eq!(
+            Identity::lossy("a\u{85}b").as_str(),
+            "a??b",
+            "both bytes of U+0085"
+        );
+        assert_eq!(
+            Identity::new("a\u{85}"),
+            Err(IdentityError::Control { at: 1 })
+        );
+        assert!(Identity::new("a\u{a0}é").is_ok(), "U+00A0 is not a control");
+    }
+
+    #[test]
+    fn the_byte_scan_agrees_with_char_is_control_for_every_char() {
+        extern crate std;
+        use std::string::String;
+        for c in (0..=0x10ffff).filter_map(char::from_u32) {
+            let text = String::from(c);
+            let bytes = text.as_bytes();
+            let scanned = (0..bytes.len()).any(|at| control_at(bytes, at, bytes[at]));
+            assert_eq!(scanned, c.is_control(), "{c:?}");
+        }
     }
 }
