@@ -370,10 +370,9 @@ fn a_shorter_grant_is_held_and_renewed_at_its_own_cadence() {
     assert_holds(&mut sim, A);
     let events = sim.events_of(A);
     assert!(matches!(events[0], Event::Acquired { granted, .. } if granted == ms(450)));
-    // Sent at 149.999 ms (the renew interval is scaled rounding down): + 450 − 0.45
-    // (drift) − 30 (margin).
+    // Sent at 150 ms (450 / 3, exact): + 450 − 0.45 (drift) − 30 (margin).
     let renewed = Event::Renewed {
-        deadline: Instant::from_micros(569_549),
+        deadline: Instant::from_micros(569_550),
     };
     assert_eq!(events[1], renewed);
     assert!(sim

@@ -314,7 +314,9 @@ impl Shared {
         let stopped = {
             let mut status = self.status();
             status.finished = true;
-            let stopped = status.end.is_none();
+            // A term that ended without a grant (refused, or the wait bound ran out)
+            // ended normally: nothing was held, nothing stopped early.
+            let stopped = status.end.is_none() && status.not_acquired.is_none();
             if stopped {
                 self.stop.store(stop::DRIVER_GONE, Ordering::Release);
                 end_once(&mut status, LeaseEnd::DriverStopped);
