@@ -94,10 +94,12 @@ async fn dispatch(cli: Cli) -> u8 {
     }
 }
 
-/// Logs to stderr: warnings by default, errors only with `--quiet`, lease events with
-/// `-v`, debug with `-vv`.
+/// Logs to stderr: errors only with `--quiet`, lease events with `-v`, debug with
+/// `-vv`. Without `-v` the lease driver's own log is off: leasehold prints what the
+/// user must know (busy, timed out, lost, stopping the command) itself.
 fn init_tracing(quiet: bool, verbose: u8) {
-    use tracing_subscriber::filter::LevelFilter;
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::prelude::*;
     let level = match (quiet, verbose) {
         (true, _) => LevelFilter::ERROR,
         (false, 0) => LevelFilter::WARN,
@@ -105,9 +107,18 @@ fn init_tracing(quiet: bool, verbose: u8) {
         (false, 2) => LevelFilter::DEBUG,
         (false, _) => LevelFilter::TRACE,
     };
-    tracing_subscriber::fmt()
-        .with_max_level(level)
+    let driver = if verbose == 0 {
+        LevelFilter::OFF
+    } else {
+        level
+    };
+    let filter = Targets::new()
+        .with_default(level)
+        .with_target("leasehold_tokio", driver);
+    let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_target(false)
-        .init();
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_filter(filter);
+    tracing_subscriber::registry().with(layer).init();
 }
