@@ -7,6 +7,20 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::duration;
 
+/// The exit codes, for `--help`.
+const EXIT_CODES: &str = "Exit codes: the command's own status when it ran and the lease held; \
+1 busy (--no-wait, change with -E); 122 lease lost or not renewed in time, the command was \
+stopped; 124 --wait ran out; 125 leasehold failed (usage, service URL, credentials, service \
+down); 126 command not executable; 127 command not found; 128+N the command was killed by \
+signal N.";
+
+/// What `run` gives the command, for `run --help`.
+const RUN_ENV: &str = "The command runs in its own process group with LEASEHOLD_KEY, \
+LEASEHOLD_FENCE (send it with every write so the storage can reject stale holders), \
+LEASEHOLD_HOLDER, and LEASEHOLD_DEADLINE_FILE: a file holding the safe deadline as Unix-epoch \
+milliseconds, rewritten after every renewal (0 once the lease is lost). Check `now < deadline` \
+before each write: it protects the command even when leasehold itself is paused.";
+
 /// Run a command under a distributed lease (Redis or etcd), and stop it before the
 /// lease can expire.
 ///
@@ -15,11 +29,16 @@ use crate::duration;
 /// 125 leasehold failed (usage, service); 126 command not executable; 127 command
 /// not found; 128+N the command was killed by signal N.
 #[derive(Debug, Parser)]
-#[command(name = "leasehold", version, about, long_about = None)]
+#[command(name = "leasehold", version, about, long_about = None, after_help = EXIT_CODES)]
 pub struct Cli {
-    /// The lock service: redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://… (TLS), or
-    /// etcd+http://HOST:PORT[,HOST:PORT…] (user:password@ before the first host).
-    #[arg(long = "service", env = "LEASEHOLD_SERVICE", global = true)]
+    /// The lock service's URL (see the help text).
+    #[arg(
+        long = "service",
+        env = "LEASEHOLD_SERVICE",
+        global = true,
+        help = "The lock service: redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://… (TLS), or \
+                etcd+http://HOST:PORT[,HOST:PORT…] (USER:PASSWORD@ before the first host)"
+    )]
     pub service: Option<String>,
 
     /// Print only errors.
@@ -46,6 +65,7 @@ pub enum Command {
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = RUN_ENV)]
 pub struct RunArgs {
     /// Give up after waiting this long for the key (default: wait until granted).
     #[arg(long, value_parser = duration::parse, conflicts_with = "no_wait")]

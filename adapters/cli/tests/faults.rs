@@ -171,7 +171,7 @@ fn holder_and_contender(
 fn a_sigkilled_leasehold_takes_its_command_with_it() {
     let server = RedisServer::start();
     let dir = scratch("cli-sigkill");
-    let (mut a, child, mut b) = holder_and_contender(
+    let (a, child, mut b) = holder_and_contender(
         &server.url(),
         dir.path(),
         "2s",
