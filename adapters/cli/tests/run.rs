@@ -141,6 +141,30 @@ fn no_wait_and_wait_on_a_held_key(url: &str, name: &str) {
     );
     eprintln!("{name}: --wait 1s gave up after {took:?}");
 
+    // On a terminal (script(1) gives it one) the wait shows who holds the key.
+    let on_a_tty = |quiet: &str| {
+        let mut cmd = std::process::Command::new("script");
+        cmd.arg("-qec")
+            .arg(format!(
+                "{} {quiet} --service '{url}' run --ttl 2s --wait 1500ms busy -- true",
+                env!("CARGO_BIN_EXE_leasehold")
+            ))
+            .arg("/dev/null")
+            .env("XDG_RUNTIME_DIR", dir.path());
+        let out = output(cmd);
+        (out.status.code(), text(&out.stdout))
+    };
+    let (code, shown) = on_a_tty("");
+    assert_eq!(code, Some(124), "{shown}");
+    assert!(
+        shown.contains("waiting for \"busy\": held by holder-A (fence ")
+            && shown.contains(" s left"),
+        "{shown}"
+    );
+    let (code, shown) = on_a_tty("--quiet");
+    assert_eq!(code, Some(124), "{shown}");
+    assert!(!shown.contains("waiting for \"busy\":"), "--quiet: {shown}");
+
     std::fs::write(dir.path().join("stop"), "").unwrap();
     assert_eq!(
         holder.wait(Duration::from_secs(10)).code(),
