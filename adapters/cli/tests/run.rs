@@ -241,6 +241,24 @@ fn bad_input_gets_clear_messages_and_distinct_codes() {
     assert_eq!(code, Some(125), "{err}");
     assert!(err.contains("is redis-server running"), "{err}");
 
+    let no_etcd = format!(
+        "etcd+http://127.0.0.1:{}",
+        leasehold_test_support::free_port()
+    );
+    let started = Instant::now();
+    let (code, err) = run(
+        &no_etcd,
+        d,
+        &["run", "--ttl", "2s", "--no-wait", "k", "--", "true"],
+    );
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("did not answer"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+
     let (code, err) = run(&url, d, &["run", "a{b}", "--", "true"]);
     assert_eq!(code, Some(125), "{err}");
     assert!(err.contains("invalid key"), "{err}");
