@@ -179,7 +179,8 @@ async fn supervise(
                     write_deadline(&file, None);
                     if stop == Stop::No {
                         eprintln!("leasehold: {end}; stopping the command (SIGTERM)");
-                        let kill_at = deadline.map_or(Instant::now(), |d| d.min(Instant::now() + grace));
+                        let kill_at = deadline
+                            .map_or(Instant::now(), |d| kill_by(d, grace).min(Instant::now() + grace));
                         stop = terminate(pgid, kill_at);
                     }
                 }
@@ -190,7 +191,7 @@ async fn supervise(
                      (SIGTERM, SIGKILL in {grace:?}) before the safe deadline",
                     args.key
                 );
-                stop = terminate(pgid, deadline.unwrap_or_else(Instant::now));
+                stop = terminate(pgid, deadline.map_or_else(Instant::now, |d| kill_by(d, grace)));
             }
             () = sleep_until(kill_time(stop)), if matches!(stop, Stop::Terminating(_)) => {
                 eprintln!("leasehold: the command did not stop in time; SIGKILL");
@@ -209,6 +210,14 @@ async fn supervise(
         Ok(status) => exit_code(status),
         Err(e) => fail(&format!("lost track of the command: {e}")),
     }
+}
+
+/// When SIGKILL is sent at the latest: a little before the safe deadline `deadline`
+/// (a tenth of the grace, at most 50 ms), so that the kernel has reaped the command by
+/// the deadline itself, not just been asked to.
+fn kill_by(deadline: Instant, grace: Duration) -> Instant {
+    let lead = (grace / 10).min(Duration::from_millis(50));
+    deadline.checked_sub(lead).unwrap_or(deadline)
 }
 
 /// SIGTERM to the group now, SIGKILL due at `kill_at`.

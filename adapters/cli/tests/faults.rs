@@ -113,6 +113,10 @@ while :; do cat "$LEASEHOLD_DEADLINE_FILE" >> {d}/deadlines; sleep 0.02; done"#
         "SIGTERM at {term_at}, safe deadline {deadline}"
     );
     assert!(
+        dead_at <= deadline,
+        "command seen dead at {dead_at}, safe deadline {deadline}"
+    );
+    assert!(
         dead_at <= expiry,
         "command seen dead at {dead_at}, Redis expiry {expiry}"
     );
@@ -123,12 +127,13 @@ while :; do cat "$LEASEHOLD_DEADLINE_FILE" >> {d}/deadlines; sleep 0.02; done"#
     eprintln!(
         "stall (TTL 4 s, --kill-after 800ms): stalled at +0, SIGTERM at +{} ms ({} ms before \
          the safe deadline), command seen dead at +{} ms, safe deadline +{} ms, Redis expiry \
-         +{} ms: margin dead→expiry {} ms",
+         +{} ms: margins dead→safe deadline {} ms, dead→expiry {} ms",
         term_at - stalled_at,
         deadline - term_at,
         dead_at - stalled_at,
         deadline - stalled_at,
         expiry - stalled_at,
+        deadline - dead_at,
         expiry - dead_at,
     );
     proxy.resume();
