@@ -41,6 +41,11 @@ pub struct Cli {
     )]
     pub service: Option<String>,
 
+    /// A PEM file of the CA that signed a `rediss://` server's certificate (a private
+    /// CA); without it the system's roots are trusted.
+    #[arg(long, env = "LEASEHOLD_TLS_CA", global = true, value_name = "PEM_FILE")]
+    pub tls_ca: Option<std::path::PathBuf>,
+
     /// Print only errors.
     #[arg(short, long, global = true)]
     pub quiet: bool,

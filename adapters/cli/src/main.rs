@@ -75,7 +75,7 @@ async fn dispatch(cli: Cli) -> u8 {
         _ => std::time::Duration::from_secs(2),
     }
     .max(std::time::Duration::from_millis(100));
-    let service = match service::connect(url, request_timeout).await {
+    let service = match service::connect(url, cli.tls_ca.as_deref(), request_timeout).await {
         Ok(service) => service,
         Err(why) => return run::fail(&why),
     };

@@ -5,6 +5,7 @@
 //! endpoint list of an [`EtcdLockService`]. `memory:` is not offered: an in-process
 //! service cannot exclude other processes.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,13 +25,17 @@ const FORMS: &str = "use redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://… or \
 
 /// Connects to the service at `url`, bounding each request by `request_timeout`.
 /// The error is a complete sentence for the user.
-pub async fn connect(url: &str, request_timeout: Duration) -> Result<Service, String> {
+pub async fn connect(
+    url: &str,
+    tls_ca: Option<&Path>,
+    request_timeout: Duration,
+) -> Result<Service, String> {
     if url.starts_with("redis://") || url.starts_with("rediss://") {
-        let service = RedisLockService::builder(url)
-            .request_timeout(Some(request_timeout))
-            .connect()
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut builder = RedisLockService::builder(url).request_timeout(Some(request_timeout));
+        if let Some(path) = tls_ca {
+            builder = with_ca(builder, path)?;
+        }
+        let service = builder.connect().await.map_err(|e| e.to_string())?;
         return Ok(Service::Redis(Arc::new(service)));
     }
     if let Some(rest) = url.strip_prefix("etcd+http://") {
@@ -56,6 +61,26 @@ pub async fn connect(url: &str, request_timeout: Duration) -> Result<Service, St
         None => url.to_owned(),
     };
     Err(format!("unusable service URL `{shown}`; {FORMS}"))
+}
+
+/// Trusts the CA in the PEM file at `path` for `rediss://`.
+#[cfg(feature = "tls")]
+fn with_ca(
+    builder: leasehold_redis::Builder,
+    path: &Path,
+) -> Result<leasehold_redis::Builder, String> {
+    let pem = std::fs::read(path)
+        .map_err(|e| format!("--tls-ca {}: cannot read it: {e}", path.display()))?;
+    Ok(builder.tls_root_cert(pem))
+}
+
+/// Without TLS support a CA file is a usage error.
+#[cfg(not(feature = "tls"))]
+fn with_ca(_: leasehold_redis::Builder, path: &Path) -> Result<leasehold_redis::Builder, String> {
+    Err(format!(
+        "--tls-ca {}: this leasehold was built without the `tls` feature",
+        path.display()
+    ))
 }
 
 /// The user (if any) and the `host:port` list of an `etcd+http://` URL's remainder.
