@@ -359,3 +359,42 @@ fn ctrl_c_reaches_the_command_and_the_release_lets_the_next_one_in_at_once() {
          {granted_after} ms later (TTL 4000 ms, retry interval 200 ms jittered 100-300 ms)"
     );
 }
+
+/// SIGTERM while waiting: leasehold stops waiting at once (128 + 15) and never runs
+/// the command; the holder is not disturbed.
+#[test]
+fn a_signal_while_waiting_gives_up_without_running_the_command() {
+    let server = RedisServer::start();
+    let dir = scratch("cli-wait-signal");
+    let (a, _child, mut b) = holder_and_contender(
+        &server.url(),
+        dir.path(),
+        "2s",
+        "while :; do sleep 0.02; done",
+    );
+    let started = std::time::Instant::now();
+    b.signal(Signal::SIGTERM);
+    assert_eq!(
+        b.wait(Duration::from_secs(2)).code(),
+        Some(128 + 15),
+        "{}",
+        b.err()
+    );
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    assert!(b.err().contains("SIGTERM while waiting"), "{}", b.err());
+    assert!(
+        !dir.path().join("b_start").exists(),
+        "the command never ran"
+    );
+    let mut status = leasehold(&server.url(), dir.path());
+    status.args(["status", "key"]);
+    let out = output(status);
+    assert!(
+        text(&out.stdout).contains("is held by"),
+        "{}",
+        text(&out.stdout)
+    );
+    eprintln!("SIGTERM while waiting: exited 143 after {took:?}");
+    drop(a);
+}
