@@ -1,0 +1,124 @@
+//! The command line, declared with clap's derive API.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::duration;
+
+/// The exit codes, for `--help`.
+const EXIT_CODES: &str = "Exit codes: the command's own status when it ran and the lease held; \
+1 busy (--no-wait, change with -E); 122 lease lost or not renewed in time, the command was \
+stopped; 124 --wait ran out; 125 leasehold failed (usage, service URL, credentials, service \
+down); 126 command not executable; 127 command not found; 128+N the command was killed by \
+signal N.";
+
+/// What `run` gives the command, for `run --help`.
+const RUN_ENV: &str = "The command runs in its own process group with LEASEHOLD_KEY, \
+LEASEHOLD_FENCE (send it with every write so the storage can reject stale holders), \
+LEASEHOLD_HOLDER, and LEASEHOLD_DEADLINE_FILE: a file holding the safe deadline as Unix-epoch \
+milliseconds, rewritten after every renewal (0 once the lease is lost). Check `now < deadline` \
+before each write: it protects the command even when leasehold itself is paused.";
+
+/// Run a command under a distributed lease (Redis or etcd), and stop it before the
+/// lease can expire.
+///
+/// Exit codes: the command's own status when it ran and the lease held; 1 busy
+/// (--no-wait); 122 lease lost, the command was stopped; 124 --wait ran out;
+/// 125 leasehold failed (usage, service); 126 command not executable; 127 command
+/// not found; 128+N the command was killed by signal N.
+#[derive(Debug, Parser)]
+#[command(name = "leasehold", version, about, long_about = None, after_help = EXIT_CODES)]
+pub struct Cli {
+    /// The lock service's URL (see the help text).
+    #[arg(
+        long = "service",
+        env = "LEASEHOLD_SERVICE",
+        global = true,
+        help = "The lock service: redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://… (TLS), or \
+                etcd+http://HOST:PORT[,HOST:PORT…] (USER:PASSWORD@ before the first host)"
+    )]
+    pub service: Option<String>,
+
+    /// A PEM file of the CA that signed a `rediss://` server's certificate (a private
+    /// CA); without it the system's roots are trusted.
+    #[arg(long, env = "LEASEHOLD_TLS_CA", global = true, value_name = "PEM_FILE")]
+    pub tls_ca: Option<std::path::PathBuf>,
+
+    /// Print only errors.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+
+    /// More log output (-v: lease events, -vv: debug).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Wait for the lease on KEY, run CMD while it is held, release it when CMD exits.
+    Run(RunArgs),
+    /// Who holds KEY: identity, fence, remaining TTL.
+    Status(StatusArgs),
+    /// Raise KEY's fence counter to at least N (Redis only): the recovery step after a
+    /// Redis without persistence restarted and would repeat fences.
+    RaiseFence(RaiseFenceArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = RUN_ENV)]
+pub struct RunArgs {
+    /// Give up after waiting this long for the key (default: wait until granted).
+    #[arg(long, value_parser = duration::parse, conflicts_with = "no_wait")]
+    pub wait: Option<Duration>,
+
+    /// Fail at once if the key is held (like flock -n).
+    #[arg(short = 'n', long)]
+    pub no_wait: bool,
+
+    /// Exit code when --no-wait finds the key held (like flock -E).
+    #[arg(short = 'E', long, default_value_t = crate::exit::BUSY)]
+    pub conflict_exit_code: u8,
+
+    /// The lease's TTL: how long the service keeps the key after the last renewal.
+    #[arg(long, value_parser = duration::parse, default_value = "10s")]
+    pub ttl: Duration,
+
+    /// Grace between SIGTERM and SIGKILL when the lease is lost or cannot be renewed
+    /// in time (default TTL/5, at most TTL/4): SIGKILL is sent no later than the safe
+    /// deadline, before the service can expire the key.
+    #[arg(long, value_parser = duration::parse)]
+    pub kill_after: Option<Duration>,
+
+    /// Who holds the key, as contenders and `status` show it (default hostname:pid).
+    #[arg(long)]
+    pub identity: Option<String>,
+
+    /// The lock's name (1-256 bytes, no braces or control characters).
+    pub key: String,
+
+    /// The command and its arguments (after `--`).
+    #[arg(required = true, num_args = 1.., trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The lock's name.
+    pub key: String,
+    /// Print one JSON object instead of a sentence.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RaiseFenceArgs {
+    /// The lock's name.
+    pub key: String,
+    /// The newest fence your storage has admitted: the next grant gets a larger one.
+    pub fence: u64,
+}

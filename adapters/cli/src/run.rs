@@ -1,0 +1,275 @@
+//! `leasehold run`: wait for the lease, run the command while it is held, stop the
+//! command before the lease can expire, release when the command exits.
+
+use std::process::ExitStatus;
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold::Identity;
+use leasehold_tokio::{
+    acquire_with, AcquireError, AcquireOptions, Config, LeaseEnd, LeaseHandle, LockService,
+};
+use nix::sys::signal::Signal;
+use tokio::time::Instant;
+
+use crate::child::{self, ChildEnv};
+use crate::cli::RunArgs;
+use crate::deadline::DeadlineFile;
+use crate::signals::Signals;
+use crate::{exit, progress, Output};
+
+/// The lease settings for `args`, and the SIGTERM→SIGKILL grace.
+pub fn settings(args: &RunArgs) -> Result<(Config, Duration), String> {
+    let config = Config::builder(leasehold::Duration::from(args.ttl))
+        .build()
+        .map_err(|e| format!("--ttl {:?}: {e}", args.ttl))?;
+    let limit = args.ttl / 4;
+    let grace = args.kill_after.unwrap_or(args.ttl / 5);
+    if grace > limit {
+        return Err(format!(
+            "--kill-after {grace:?} is more than a quarter of --ttl ({limit:?}): the grace must \
+             fit inside the time a failing renewal leaves; raise --ttl or lower --kill-after"
+        ));
+    }
+    Ok((config, grace))
+}
+
+/// Runs `args` on `service`; returns the exit code.
+pub async fn run<S: LockService + 'static>(service: Arc<S>, args: &RunArgs, out: Output) -> u8 {
+    let (config, grace) = match settings(args) {
+        Ok(s) => s,
+        Err(why) => return fail(&why),
+    };
+    let identity = match &args.identity {
+        Some(text) => match Identity::new(text) {
+            Ok(identity) => identity,
+            Err(e) => return fail(&format!("--identity: {e}")),
+        },
+        None => default_identity(),
+    };
+    let mut signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => return fail(&format!("cannot install signal handlers: {e}")),
+    };
+    let mut options = AcquireOptions::new().identity(identity);
+    if args.no_wait {
+        options = options.max_wait(Duration::ZERO);
+    } else if let Some(wait) = args.wait {
+        options = options.max_wait(wait);
+    }
+
+    let progress = out
+        .progress
+        .then(|| progress::spawn(Arc::clone(&service), args.key.clone()));
+    let acquire = acquire_with(service, &args.key, config, options);
+    let acquired = tokio::select! {
+        acquired = acquire => acquired,
+        signal = signals.recv() => {
+            progress::stop(progress);
+            eprintln!("leasehold: {signal} while waiting for {:?}; gave up", args.key);
+            return exit::signalled(signal as i32);
+        }
+    };
+    progress::stop(progress);
+    let lease = match acquired {
+        Ok(lease) => lease,
+        Err(e) => return not_acquired(args, &e),
+    };
+    tracing::info!(key = %args.key, fence = lease.fence().0, "lease granted");
+    let code = supervise(&lease, args, grace, identity, &mut signals).await;
+    let end = lease.release().await;
+    tracing::info!(key = %args.key, %end, "lease ended");
+    code
+}
+
+/// The exit code and message for an acquire that did not succeed.
+fn not_acquired(args: &RunArgs, e: &AcquireError) -> u8 {
+    match e {
+        AcquireError::Busy { .. } if args.no_wait => {
+            eprintln!("leasehold: {:?} is busy: {e}", args.key);
+            args.conflict_exit_code
+        }
+        AcquireError::Busy { .. } => {
+            let waited = args.wait.unwrap_or_default();
+            eprintln!(
+                "leasehold: timed out after {waited:?} waiting for {:?}: {e}",
+                args.key
+            );
+            exit::TIMED_OUT
+        }
+        other => fail(&other.to_string()),
+    }
+}
+
+/// Prints `why` and returns the "leasehold failed" code.
+pub fn fail(why: &str) -> u8 {
+    eprintln!("leasehold: {why}");
+    exit::FAILURE
+}
+
+/// Where the child is in being stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    /// Running under a live lease.
+    No,
+    /// SIGTERM sent; SIGKILL due at the instant.
+    Terminating(Instant),
+    /// SIGKILL sent.
+    Killed,
+}
+
+/// Runs the command under `lease` until it exits; returns the exit code.
+async fn supervise(
+    lease: &LeaseHandle,
+    args: &RunArgs,
+    grace: Duration,
+    identity: Identity,
+    signals: &mut Signals,
+) -> u8 {
+    let clock = lease.clock();
+    let file = match DeadlineFile::create() {
+        Ok(file) => file,
+        Err(e) => return fail(&format!("cannot write the deadline file: {e}")),
+    };
+    let mut state = lease.subscribe();
+    let mut deadline = lease.deadline().map(|d| clock.to_tokio(d));
+    write_deadline(&file, deadline);
+    let env = ChildEnv {
+        key: &args.key,
+        fence: lease.fence().0,
+        holder: identity.as_str(),
+        deadline_file: file.path(),
+    };
+    let mut child = match child::spawn(&args.command, &env) {
+        Ok(child) => child,
+        Err(e) => return fail(&format!("cannot start the command: {e}")),
+    };
+    let Some(pgid) = child.id() else {
+        return fail("the command's process vanished before it could be supervised");
+    };
+    let mut stop = Stop::No;
+    let mut ended: Option<LeaseEnd> = None;
+    let mut watching = true;
+    let status: std::io::Result<ExitStatus> = loop {
+        // SIGTERM when less than the grace is left before the safe deadline: renewals
+        // keep moving the deadline while they succeed, so this only fires when they
+        // fail, and leaves the grace for the command to stop before SIGKILL.
+        let watchdog = deadline.map(|d| d.checked_sub(grace).unwrap_or(d));
+        tokio::select! {
+            status = child.wait() => break status,
+            signal = signals.recv() => {
+                tracing::info!(%signal, "forwarding to the command");
+                child::signal_group(pgid, signal);
+            }
+            changed = state.changed(), if watching => {
+                if changed.is_err() {
+                    // The driver is gone: nothing renews the lease.
+                    watching = false;
+                    ended = Some(LeaseEnd::DriverStopped);
+                } else {
+                    let now_state = *state.borrow_and_update();
+                    if let Some(d) = now_state.deadline() {
+                        deadline = Some(clock.to_tokio(d));
+                        write_deadline(&file, deadline);
+                    }
+                    ended = ended.or(now_state.end());
+                }
+                if let Some(end) = ended {
+                    watching = false;
+                    write_deadline(&file, None);
+                    if stop == Stop::No {
+                        eprintln!("leasehold: {end}; stopping the command (SIGTERM)");
+                        let kill_at = deadline
+                            .map_or(Instant::now(), |d| kill_by(d, grace).min(Instant::now() + grace));
+                        stop = terminate(pgid, kill_at);
+                    }
+                }
+            }
+            () = sleep_until(watchdog), if stop == Stop::No => {
+                eprintln!(
+                    "leasehold: the lease on {:?} was not renewed in time; stopping the command \
+                     (SIGTERM, SIGKILL in {grace:?}) before the safe deadline",
+                    args.key
+                );
+                stop = terminate(pgid, deadline.map_or_else(Instant::now, |d| kill_by(d, grace)));
+            }
+            () = sleep_until(kill_time(stop)), if matches!(stop, Stop::Terminating(_)) => {
+                eprintln!("leasehold: the command did not stop in time; SIGKILL");
+                child::signal_group(pgid, Signal::SIGKILL);
+                stop = Stop::Killed;
+            }
+        }
+    };
+    // Whatever the command left in its process group must not outlive the lease.
+    child::signal_group(pgid, Signal::SIGKILL);
+    drop(file);
+    if stop != Stop::No {
+        return exit::LOST;
+    }
+    match status {
+        Ok(status) => exit_code(status),
+        Err(e) => fail(&format!("lost track of the command: {e}")),
+    }
+}
+
+/// When SIGKILL is sent at the latest: a little before the safe deadline `deadline`
+/// (a tenth of the grace, at most 50 ms), so that the kernel has reaped the command by
+/// the deadline itself, not just been asked to.
+fn kill_by(deadline: Instant, grace: Duration) -> Instant {
+    let lead = (grace / 10).min(Duration::from_millis(50));
+    deadline.checked_sub(lead).unwrap_or(deadline)
+}
+
+/// SIGTERM to the group now, SIGKILL due at `kill_at`.
+fn terminate(pgid: u32, kill_at: Instant) -> Stop {
+    child::signal_group(pgid, Signal::SIGTERM);
+    if kill_at <= Instant::now() {
+        child::signal_group(pgid, Signal::SIGKILL);
+        return Stop::Killed;
+    }
+    Stop::Terminating(kill_at)
+}
+
+fn kill_time(stop: Stop) -> Option<Instant> {
+    match stop {
+        Stop::Terminating(at) => Some(at),
+        _ => None,
+    }
+}
+
+/// Sleeps until `at`, or forever for `None`.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn write_deadline(file: &DeadlineFile, deadline: Option<Instant>) {
+    let remaining = deadline.and_then(|d| d.checked_duration_since(Instant::now()));
+    if let Err(e) = file.write_remaining(remaining) {
+        tracing::warn!("cannot update {}: {e}", file.path().display());
+    }
+}
+
+/// The command's status as a shell reports it: its code, or 128 + the signal.
+fn exit_code(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(exit::FAILURE),
+        (None, Some(signal)) => exit::signalled(signal),
+        (None, None) => exit::FAILURE,
+    }
+}
+
+/// `hostname:pid`, as the tokio adapter's default, so it can be put in the command's
+/// environment too.
+fn default_identity() -> Identity {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    Identity::lossy(&format!("{host}:{}", std::process::id()))
+}

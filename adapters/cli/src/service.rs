@@ -1,0 +1,129 @@
+//! Picking and connecting the lock service from a URL.
+//!
+//! `redis://` and `rediss://` go to [`RedisLockService`] as they are (it checks them
+//! and hides the password in its messages); `etcd+http://h:p[,h:p…]` becomes the
+//! endpoint list of an [`EtcdLockService`]. `memory:` is not offered: an in-process
+//! service cannot exclude other processes.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_etcd::EtcdLockService;
+use leasehold_redis::RedisLockService;
+
+/// A connected lock service.
+pub enum Service {
+    /// Redis (fences from a counter; `raise-fence` works).
+    Redis(Arc<RedisLockService>),
+    /// etcd (fences are revisions).
+    Etcd(Arc<EtcdLockService>),
+}
+
+const FORMS: &str = "use redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://… or \
+                     etcd+http://HOST:PORT[,HOST:PORT…]";
+
+/// Connects to the service at `url`, bounding each request by `request_timeout`.
+/// The error is a complete sentence for the user.
+pub async fn connect(
+    url: &str,
+    tls_ca: Option<&Path>,
+    request_timeout: Duration,
+) -> Result<Service, String> {
+    if url.starts_with("redis://") || url.starts_with("rediss://") {
+        let mut builder = RedisLockService::builder(url).request_timeout(Some(request_timeout));
+        if let Some(path) = tls_ca {
+            builder = with_ca(builder, path)?;
+        }
+        let service = builder.connect().await.map_err(|e| e.to_string())?;
+        return Ok(Service::Redis(Arc::new(service)));
+    }
+    if let Some(rest) = url.strip_prefix("etcd+http://") {
+        let (user, hosts) = etcd_hosts(rest).map_err(|why| format!("unusable etcd URL: {why}"))?;
+        let endpoints: Vec<String> = hosts.iter().map(|h| format!("http://{h}")).collect();
+        let mut builder = EtcdLockService::builder(&endpoints)
+            .request_timeout(request_timeout)
+            .connect_timeout(request_timeout.max(Duration::from_millis(500)));
+        if let Some((name, password)) = user {
+            builder = builder.user(name, password);
+        }
+        let service = builder.connect().await.map_err(|e| e.to_string())?;
+        return Ok(Service::Etcd(Arc::new(service)));
+    }
+    if url.starts_with("etcd+https://") {
+        return Err(format!(
+            "unusable service URL `{url}`: TLS to etcd is not supported by the command line \
+             yet; {FORMS}"
+        ));
+    }
+    let shown = match url.split_once('@') {
+        Some((_, host)) => format!("…@{host}"),
+        None => url.to_owned(),
+    };
+    Err(format!("unusable service URL `{shown}`; {FORMS}"))
+}
+
+/// Trusts the CA in the PEM file at `path` for `rediss://`.
+#[cfg(feature = "tls")]
+fn with_ca(
+    builder: leasehold_redis::Builder,
+    path: &Path,
+) -> Result<leasehold_redis::Builder, String> {
+    let pem = std::fs::read(path)
+        .map_err(|e| format!("--tls-ca {}: cannot read it: {e}", path.display()))?;
+    Ok(builder.tls_root_cert(pem))
+}
+
+/// Without TLS support a CA file is a usage error.
+#[cfg(not(feature = "tls"))]
+fn with_ca(_: leasehold_redis::Builder, path: &Path) -> Result<leasehold_redis::Builder, String> {
+    Err(format!(
+        "--tls-ca {}: this leasehold was built without the `tls` feature",
+        path.display()
+    ))
+}
+
+/// The user (if any) and the `host:port` list of an `etcd+http://` URL's remainder.
+type EtcdTarget = (Option<(String, String)>, Vec<String>);
+
+fn etcd_hosts(rest: &str) -> Result<EtcdTarget, String> {
+    let (user, hosts) = match rest.rsplit_once('@') {
+        Some((userinfo, hosts)) => {
+            let (name, password) = userinfo
+                .split_once(':')
+                .ok_or("the user needs a password: etcd+http://USER:PASSWORD@HOST:PORT")?;
+            (Some((name.to_owned(), password.to_owned())), hosts)
+        }
+        None => (None, rest),
+    };
+    let hosts = hosts.trim_end_matches('/');
+    let mut list = Vec::new();
+    for host in hosts.split(',') {
+        let (name, port) = host
+            .rsplit_once(':')
+            .ok_or_else(|| format!("`{host}` has no port; {FORMS}"))?;
+        if name.is_empty() || port.parse::<u16>().is_err() {
+            return Err(format!("`{host}` is not HOST:PORT; {FORMS}"));
+        }
+        list.push(host.to_owned());
+    }
+    Ok((user, list))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etcd_urls_list_their_endpoints() {
+        assert_eq!(
+            etcd_hosts("127.0.0.1:2379,127.0.0.1:2380").unwrap(),
+            (None, vec!["127.0.0.1:2379".into(), "127.0.0.1:2380".into()])
+        );
+        let (user, hosts) = etcd_hosts("root:pw@h:1/").unwrap();
+        assert_eq!(user, Some(("root".into(), "pw".into())));
+        assert_eq!(hosts, vec!["h:1".to_owned()]);
+        assert!(etcd_hosts("h").unwrap_err().contains("no port"));
+        assert!(etcd_hosts("h:x").unwrap_err().contains("not HOST:PORT"));
+    }
+}

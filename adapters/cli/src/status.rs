@@ -1,0 +1,99 @@
+//! `leasehold status` and `leasehold raise-fence`.
+
+use leasehold::{Fence, HolderOutcome};
+use leasehold_tokio::LockService;
+
+use crate::exit;
+use crate::run::fail;
+use crate::service::Service;
+
+/// Prints who holds `key`; 0 whether held or free, 125 when the service refused or
+/// did not answer.
+pub async fn status<S: LockService>(service: &S, key: &str, json: bool) -> u8 {
+    if let Err(e) = leasehold::check_key(key) {
+        return fail(&format!("{key:?}: {e}"));
+    }
+    match LockService::holder(service, key).await {
+        HolderOutcome::Held(h) if json => {
+            println!(
+                "{{\"key\":{},\"held\":true,\"holder\":{},\"fence\":{},\"remaining_ms\":{}}}",
+                json_string(key),
+                json_string(h.identity.as_str()),
+                h.fence.0,
+                h.remaining.as_millis()
+            );
+            0
+        }
+        HolderOutcome::Held(h) => {
+            println!(
+                "{key:?} is held by {} (fence {}), {} ms left",
+                h.identity,
+                h.fence.0,
+                h.remaining.as_millis()
+            );
+            0
+        }
+        HolderOutcome::Free if json => {
+            println!("{{\"key\":{},\"held\":false}}", json_string(key));
+            0
+        }
+        HolderOutcome::Free => {
+            println!("{key:?} is free");
+            0
+        }
+        HolderOutcome::Refused(why) => fail(&format!("status of {key:?}: {why}")),
+        HolderOutcome::Indeterminate(why) => fail(&format!(
+            "status of {key:?}: {why}; check that the service is up and reachable"
+        )),
+        _ => fail(&format!(
+            "status of {key:?}: an answer this leasehold does not know"
+        )),
+    }
+}
+
+/// Raises the fence counter of `key` (Redis only).
+pub async fn raise_fence(service: &Service, key: &str, fence: u64) -> u8 {
+    match service {
+        Service::Redis(redis) => match redis.raise_fence(key, Fence(fence)).await {
+            Ok(now) => {
+                println!(
+                    "the fence counter of {key:?} is {}: the next grant gets a larger fence",
+                    now.0
+                );
+                0
+            }
+            Err(e) => fail(&e.to_string()),
+        },
+        Service::Etcd(_) => {
+            eprintln!(
+                "leasehold: raise-fence is for Redis only: etcd's fences are its revisions, \
+                 which never repeat, so there is nothing to raise"
+            );
+            exit::FAILURE
+        }
+    }
+}
+
+/// `text` as a JSON string.
+fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn json_strings_are_escaped() {
+        assert_eq!(super::json_string("a\"b\\c\n"), "\"a\\\"b\\\\c\\u000a\"");
+    }
+}

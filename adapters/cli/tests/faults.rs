@@ -1,0 +1,400 @@
+//! `leasehold run` when things go wrong, against a real redis-server: the service
+//! stalls, leasehold is SIGKILLed, leasehold is SIGSTOPped, Ctrl-C.
+//!
+//! Each test prints what it measured (`cargo test -- --nocapture` shows it).
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use leasehold_test_support::{Proxy, RedisServer};
+use nix::sys::signal::Signal;
+
+/// The service's expiry of lock `key`, as Unix-epoch ms (`PEXPIRETIME`), if it is set.
+fn expiry_ms(server: &RedisServer, key: &str) -> Option<u128> {
+    let reply = server.inline(&format!("PEXPIRETIME {{{key}}}"))?;
+    let value: i64 = reply.trim().strip_prefix(':')?.parse().ok()?;
+    u128::try_from(value).ok().filter(|&v| v > 0)
+}
+
+/// The service stops answering (a proxy holds every byte) for longer than the TTL:
+/// leasehold sends SIGTERM before its safe deadline, SIGKILLs the command (which
+/// ignores SIGTERM) at the deadline, and the command is gone before Redis expires the
+/// key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_service_stops_the_command_before_the_key_expires() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port()).await;
+    let dir = scratch("cli-stall");
+    let d = dir.path().display().to_string();
+    let url = format!("redis://127.0.0.1:{}", proxy.port());
+    let mut cmd = leasehold(&url, dir.path());
+    cmd.args([
+        "run",
+        "--ttl",
+        "4s",
+        "--kill-after",
+        "800ms",
+        "stall",
+        "--",
+        "sh",
+        "-c",
+    ])
+    .arg(format!(
+        r#"trap 'date +%s%3N >> {d}/term' TERM
+echo $$ > {d}/pid
+while :; do cat "$LEASEHOLD_DEADLINE_FILE" >> {d}/deadlines; sleep 0.02; done"#
+    ));
+    let mut sup = Proc::spawn(cmd, dir.path(), "sup");
+    let pid: i32 = wait_file(&dir.path().join("pid"), Duration::from_secs(10))
+        .trim()
+        .parse()
+        .unwrap();
+    // Let one renewal through, so the deadline has moved at least once.
+    let first = wait_file(&dir.path().join("deadlines"), Duration::from_secs(5));
+    let first: u128 = first.lines().next().unwrap().parse().unwrap();
+    let give_up = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = std::fs::read_to_string(dir.path().join("deadlines")).unwrap();
+        if text
+            .lines()
+            .filter_map(|l| l.parse::<u128>().ok())
+            .any(|v| v > first)
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "no renewal moved the deadline"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    proxy.stall();
+    let stalled_at = epoch_ms();
+    let mut expiry = None;
+    let give_up = std::time::Instant::now() + Duration::from_secs(10);
+    while alive(pid) {
+        expiry = expiry_ms(&server, "stall").or(expiry);
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the command outlived the stall"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let dead_at = epoch_ms();
+    let expiry = expiry.expect("PEXPIRETIME read while the key was held");
+    let status = sup.wait(Duration::from_secs(10));
+    assert_eq!(
+        status.code(),
+        Some(122),
+        "lease lost, command stopped: {}",
+        sup.err()
+    );
+    let err = sup.err();
+    assert!(err.contains("was not renewed in time"), "{err}");
+
+    let term_at: u128 = std::fs::read_to_string(dir.path().join("term"))
+        .expect("the command got SIGTERM")
+        .lines()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let deadline = std::fs::read_to_string(dir.path().join("deadlines"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.parse::<u128>().ok())
+        .max()
+        .unwrap();
+    assert!(
+        term_at < deadline,
+        "SIGTERM at {term_at}, safe deadline {deadline}"
+    );
+    assert!(
+        dead_at <= deadline,
+        "command seen dead at {dead_at}, safe deadline {deadline}"
+    );
+    assert!(
+        dead_at <= expiry,
+        "command seen dead at {dead_at}, Redis expiry {expiry}"
+    );
+    assert!(
+        deadline <= expiry,
+        "safe deadline {deadline} after the expiry {expiry}"
+    );
+    eprintln!(
+        "stall (TTL 4 s, --kill-after 800ms): stalled at +0, SIGTERM at +{} ms ({} ms before \
+         the safe deadline), command seen dead at +{} ms, safe deadline +{} ms, Redis expiry \
+         +{} ms: margins dead→safe deadline {} ms, dead→expiry {} ms",
+        term_at - stalled_at,
+        deadline - term_at,
+        dead_at - stalled_at,
+        deadline - stalled_at,
+        expiry - stalled_at,
+        deadline - dead_at,
+        expiry - dead_at,
+    );
+    proxy.resume();
+}
+
+/// A child that appends its pid and spins; a contender that records when its command
+/// started (Unix-epoch ns) and logs its failed attempts.
+fn holder_and_contender(
+    url: &str,
+    dir: &std::path::Path,
+    ttl: &str,
+    holder_script: &str,
+) -> (Proc, i32, Proc) {
+    let d = dir.display();
+    let mut cmd = leasehold(url, dir);
+    cmd.args(["run", "--ttl", ttl, "key", "--", "sh", "-c"])
+        .arg(format!("echo $$ > {d}/a_pid; {holder_script}"));
+    let holder = Proc::spawn(cmd, dir, "a");
+    let pid: i32 = wait_file(&dir.join("a_pid"), Duration::from_secs(10))
+        .trim()
+        .parse()
+        .unwrap();
+    let mut cmd = leasehold(url, dir);
+    cmd.args([
+        "-vv", "run", "--ttl", ttl, "--wait", "30s", "key", "--", "sh", "-c",
+    ])
+    .arg(format!("date +%s%N > {d}/b_start"));
+    let contender = Proc::spawn(cmd, dir, "b");
+    wait_contains(
+        &contender.stderr,
+        "acquire attempt failed",
+        Duration::from_secs(10),
+    );
+    (holder, pid, contender)
+}
+
+/// leasehold SIGKILLed: the parent-death signal kills its command at once, and the
+/// waiting contender gets the key when the TTL runs out (plus one retry).
+#[test]
+fn a_sigkilled_leasehold_takes_its_command_with_it() {
+    let server = RedisServer::start();
+    let dir = scratch("cli-sigkill");
+    let (a, child, mut b) = holder_and_contender(
+        &server.url(),
+        dir.path(),
+        "2s",
+        "while :; do sleep 0.02; done",
+    );
+    let killed_at = epoch_ns();
+    a.signal(Signal::SIGKILL);
+    let dead_ms = wait_dead(child, Duration::from_secs(1));
+    let b_start: u128 = wait_file(&dir.path().join("b_start"), Duration::from_secs(5))
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        b.wait(Duration::from_secs(10)).code(),
+        Some(0),
+        "{}",
+        b.err()
+    );
+    let dead_after = dead_ms.saturating_sub(killed_at / 1_000_000);
+    let granted_after = (b_start - killed_at) / 1_000_000;
+    // TTL 2 s, retry interval 100 ms jittered to at most 150 ms, and the spawn of the
+    // contender's command.
+    assert!(
+        granted_after <= 2_000 + 150 + 150,
+        "granted {granted_after} ms after the kill"
+    );
+    assert!(
+        granted_after >= 1_000,
+        "nobody released: the TTL had to run out"
+    );
+    eprintln!(
+        "SIGKILL: the command was dead {dead_after} ms after leasehold; the contender's command \
+         started {granted_after} ms after the kill (TTL 2000 ms + one retry <= 150 ms)"
+    );
+    drop(a);
+}
+
+/// leasehold SIGSTOPped past the TTL: its command runs on, unguarded. It can see it in
+/// the deadline file (now >= deadline), and the store's fence check rejects its writes
+/// once the next holder wrote. On SIGCONT leasehold finds the lease lost, stops the
+/// command and exits 122.
+#[test]
+fn a_sigstopped_leasehold_leaves_the_fence_and_the_deadline_file_to_protect_the_store() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let dir = scratch("cli-sigstop");
+    let d = dir.path().display().to_string();
+    let mut cmd = leasehold(&url, dir.path());
+    cmd.args([
+        "run",
+        "--ttl",
+        "2s",
+        "--kill-after",
+        "400ms",
+        "key",
+        "--",
+        "sh",
+        "-c",
+    ])
+    .arg(format!(
+        r#". "$STORE_LIB"
+echo $$ > {d}/a_pid
+while :; do
+  now=$(date +%s%3N); dl=$(cat "$LEASEHOLD_DEADLINE_FILE")
+  [ "$now" -ge "$dl" ] && echo "$now $dl" >> {d}/a_saw_expired
+  store_write "$LEASEHOLD_FENCE" a || echo "$now" >> {d}/a_rejected
+  sleep 0.02
+done"#
+    ));
+    let mut a = Proc::spawn(cmd, dir.path(), "a");
+    let child: i32 = wait_file(&dir.path().join("a_pid"), Duration::from_secs(10))
+        .trim()
+        .parse()
+        .unwrap();
+    wait_file(&dir.path().join("store"), Duration::from_secs(5));
+    a.signal(Signal::SIGSTOP);
+    let stopped_at = epoch_ms();
+
+    let mut cmd = leasehold(&url, dir.path());
+    cmd.args([
+        "run", "--ttl", "2s", "--wait", "10s", "key", "--", "sh", "-c",
+    ])
+    .arg(r#". "$STORE_LIB"; store_write "$LEASEHOLD_FENCE" b"#);
+    let out = output(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let b_granted_after = epoch_ms() - stopped_at;
+    let first_rejected: u128 = wait_file(&dir.path().join("a_rejected"), Duration::from_secs(5))
+        .lines()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let saw: Vec<u128> = wait_file(&dir.path().join("a_saw_expired"), Duration::from_secs(5))
+        .lines()
+        .map(|l| l.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert!(
+        alive(child),
+        "nothing stops the command while leasehold is stopped"
+    );
+    let cont_at = epoch_ms();
+    a.signal(Signal::SIGCONT);
+    let status = a.wait(Duration::from_secs(5));
+    assert_eq!(status.code(), Some(122), "{}", a.err());
+    wait_dead(child, Duration::from_secs(1));
+
+    let records = records(dir.path());
+    let mut newest = 0;
+    for r in &records {
+        if r.admitted {
+            assert!(r.fence >= newest, "a stale write got in: {records:#?}");
+            newest = r.fence;
+        }
+    }
+    let b = records.iter().position(|r| r.what == "b").expect("b wrote");
+    let a_fence = records[0].fence;
+    let after_b: Vec<&Record> = records[b + 1..]
+        .iter()
+        .filter(|r| r.fence == a_fence)
+        .collect();
+    assert!(
+        !after_b.is_empty() && after_b.iter().all(|r| !r.admitted),
+        "{records:#?}"
+    );
+    eprintln!(
+        "SIGSTOP (TTL 2 s): the next holder was granted and wrote {b_granted_after} ms after \
+         the stop; the stopped holder's command saw its deadline pass at +{} ms, kept running \
+         until SIGCONT at +{} ms, and the store rejected its {} writes after the new fence \
+         (first at +{} ms); after SIGCONT leasehold stopped it and exited 122",
+        saw[0] - stopped_at,
+        cont_at - stopped_at,
+        after_b.len(),
+        first_rejected - stopped_at,
+    );
+}
+
+/// Ctrl-C: leasehold passes SIGINT to the command, the command exits, the lease is
+/// released, and the waiting contender is granted within a retry interval, not a TTL.
+#[test]
+fn ctrl_c_reaches_the_command_and_the_release_lets_the_next_one_in_at_once() {
+    let server = RedisServer::start();
+    let dir = scratch("cli-sigint");
+    let d = dir.path().display().to_string();
+    let (mut a, child, mut b) = holder_and_contender(
+        &server.url(),
+        dir.path(),
+        "4s",
+        &format!(r#"trap 'date +%s%N > {d}/a_int; exit 130' INT; while :; do sleep 0.02; done"#),
+    );
+    a.signal(Signal::SIGINT);
+    let int_at: u128 = wait_file(&dir.path().join("a_int"), Duration::from_secs(5))
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        a.wait(Duration::from_secs(5)).code(),
+        Some(130),
+        "{}",
+        a.err()
+    );
+    wait_dead(child, Duration::from_secs(1));
+    let b_start: u128 = wait_file(&dir.path().join("b_start"), Duration::from_secs(5))
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        b.wait(Duration::from_secs(10)).code(),
+        Some(0),
+        "{}",
+        b.err()
+    );
+    let granted_after = (b_start - int_at) / 1_000_000;
+    // Retry interval 200 ms (TTL 4 s / 20), jittered to at most 300 ms.
+    assert!(
+        granted_after < 1_000,
+        "granted {granted_after} ms after the command's exit"
+    );
+    eprintln!(
+        "SIGINT: the command trapped it and exited 130; the contender's command started \
+         {granted_after} ms later (TTL 4000 ms, retry interval 200 ms jittered 100-300 ms)"
+    );
+}
+
+/// SIGTERM while waiting: leasehold stops waiting at once (128 + 15) and never runs
+/// the command; the holder is not disturbed.
+#[test]
+fn a_signal_while_waiting_gives_up_without_running_the_command() {
+    let server = RedisServer::start();
+    let dir = scratch("cli-wait-signal");
+    let (a, _child, mut b) = holder_and_contender(
+        &server.url(),
+        dir.path(),
+        "2s",
+        "while :; do sleep 0.02; done",
+    );
+    let started = std::time::Instant::now();
+    b.signal(Signal::SIGTERM);
+    assert_eq!(
+        b.wait(Duration::from_secs(2)).code(),
+        Some(128 + 15),
+        "{}",
+        b.err()
+    );
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    assert!(b.err().contains("SIGTERM while waiting"), "{}", b.err());
+    assert!(
+        !dir.path().join("b_start").exists(),
+        "the command never ran"
+    );
+    let mut status = leasehold(&server.url(), dir.path());
+    status.args(["status", "key"]);
+    let out = output(status);
+    assert!(
+        text(&out.stdout).contains("is held by"),
+        "{}",
+        text(&out.stdout)
+    );
+    eprintln!("SIGTERM while waiting: exited 143 after {took:?}");
+    drop(a);
+}

@@ -1,0 +1,400 @@
+//! `leasehold run` against a real redis-server (and etcd): contention, `--no-wait`,
+//! `--wait`, bad input, `status` and `raise-fence`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use leasehold_test_support::{EtcdCluster, RedisOptions, RedisServer};
+
+/// Each child writes `start`, three records 50 ms apart, and `end`, with its fence.
+const WRITER: &str = r#". "$STORE_LIB"
+store_write "$LEASEHOLD_FENCE" start || exit 9
+for i in 1 2 3; do store_write "$LEASEHOLD_FENCE" "w$i" || exit 9; sleep 0.05; done
+store_write "$LEASEHOLD_FENCE" end || exit 9"#;
+
+/// Four `leasehold run` processes contend for one key; every record is admitted in
+/// fence order and the children's run intervals never overlap.
+fn contention(url: &str, name: &str) {
+    let dir = scratch(name);
+    let mut procs: Vec<Proc> = (0..4)
+        .map(|i| {
+            let mut cmd = leasehold(url, dir.path());
+            cmd.args([
+                "run", "--wait", "60s", "--ttl", "2s", "shared", "--", "sh", "-c", WRITER,
+            ]);
+            Proc::spawn(cmd, dir.path(), &format!("c{i}"))
+        })
+        .collect();
+    for p in &mut procs {
+        let status = p.wait(Duration::from_secs(60));
+        assert_eq!(status.code(), Some(0), "stderr: {}", p.err());
+    }
+    let records = records(dir.path());
+    assert_eq!(records.len(), 4 * 5, "{records:#?}");
+    assert!(records.iter().all(|r| r.admitted), "{records:#?}");
+    assert!(
+        records.windows(2).all(|w| w[0].fence <= w[1].fence),
+        "records in fence order: {records:#?}"
+    );
+    // One interval per fence: [start, end]; consecutive intervals must not overlap.
+    let mut intervals: Vec<(u64, u128, u128)> = Vec::new();
+    for chunk in records.chunks(5) {
+        let fence = chunk[0].fence;
+        assert!(chunk.iter().all(|r| r.fence == fence), "{chunk:#?}");
+        assert_eq!(
+            (chunk[0].what.as_str(), chunk[4].what.as_str()),
+            ("start", "end")
+        );
+        intervals.push((fence, chunk[0].at_ns, chunk[4].at_ns));
+    }
+    let fences: std::collections::BTreeSet<u64> = intervals.iter().map(|i| i.0).collect();
+    assert_eq!(fences.len(), 4, "four grants, four fences: {intervals:?}");
+    let gaps: Vec<u128> = intervals
+        .windows(2)
+        .map(|w| {
+            assert!(w[1].1 > w[0].2, "children overlapped: {w:?}");
+            (w[1].1 - w[0].2) / 1_000
+        })
+        .collect();
+    eprintln!(
+        "{name}: gaps between one child's last write and the next child's first (µs): {gaps:?}"
+    );
+}
+
+#[test]
+fn four_contenders_on_redis_write_in_fence_order_and_never_overlap() {
+    let server = RedisServer::start();
+    contention(&server.url(), "cli-contend-redis");
+}
+
+#[test]
+fn four_contenders_on_etcd_write_in_fence_order_and_never_overlap() {
+    let etcd = EtcdCluster::single();
+    let url = format!(
+        "etcd+http://{}",
+        etcd.endpoints().join(",").replace("http://", "")
+    );
+    contention(&url, "cli-contend-etcd");
+}
+
+/// A holder whose child runs until `dir/stop` exists; returns once the child runs.
+fn hold(url: &str, dir: &std::path::Path, key: &str, identity: &str) -> Proc {
+    let mut cmd = leasehold(url, dir);
+    cmd.args([
+        "run",
+        "--ttl",
+        "2s",
+        "--identity",
+        identity,
+        key,
+        "--",
+        "sh",
+        "-c",
+    ])
+    .arg(format!(
+        "touch {d}/ready; while [ ! -e {d}/stop ]; do sleep 0.02; done",
+        d = dir.display()
+    ));
+    let holder = Proc::spawn(cmd, dir, "holder");
+    wait_exists(&dir.join("ready"), Duration::from_secs(10));
+    holder
+}
+
+fn no_wait_and_wait_on_a_held_key(url: &str, name: &str) {
+    let dir = scratch(name);
+    let mut holder = hold(url, dir.path(), "busy", "holder-A");
+
+    let started = Instant::now();
+    let mut cmd = leasehold(url, dir.path());
+    cmd.args(["run", "--no-wait", "busy", "--", "true"]);
+    let out = output(cmd);
+    let took = started.elapsed();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("is busy") && err.contains("holder-A"), "{err}");
+    assert!(!err.contains("ERROR"), "no log noise without -v: {err}");
+    assert!(took < Duration::from_secs(1), "--no-wait took {took:?}");
+    eprintln!(
+        "{name}: --no-wait answered busy in {took:?}: {}",
+        err.trim()
+    );
+
+    let mut cmd = leasehold(url, dir.path());
+    cmd.args(["run", "-n", "-E", "75", "busy", "--", "true"]);
+    assert_eq!(output(cmd).status.code(), Some(75), "-E sets the busy code");
+
+    let started = Instant::now();
+    let mut cmd = leasehold(url, dir.path());
+    cmd.args(["run", "--ttl", "2s", "--wait", "1s", "busy", "--", "true"]);
+    let out = output(cmd);
+    let took = started.elapsed();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(124), "{err}");
+    assert!(err.contains("timed out after 1s"), "{err}");
+    // The last attempt is the last one that starts before the bound: with --ttl 2s
+    // attempts are about 100 ms apart (jittered).
+    assert!(
+        took >= Duration::from_millis(700) && took < Duration::from_secs(3),
+        "--wait 1s took {took:?}"
+    );
+    eprintln!("{name}: --wait 1s gave up after {took:?}");
+
+    // On a terminal (script(1) gives it one) the wait shows who holds the key.
+    let on_a_tty = |quiet: &str| {
+        let mut cmd = std::process::Command::new("script");
+        cmd.arg("-qec")
+            .arg(format!(
+                "{} {quiet} --service '{url}' run --ttl 2s --wait 1500ms busy -- true",
+                env!("CARGO_BIN_EXE_leasehold")
+            ))
+            .arg("/dev/null")
+            .env("XDG_RUNTIME_DIR", dir.path());
+        let out = output(cmd);
+        (out.status.code(), text(&out.stdout))
+    };
+    let (code, shown) = on_a_tty("");
+    assert_eq!(code, Some(124), "{shown}");
+    assert!(
+        shown.contains("waiting for \"busy\": held by holder-A (fence ")
+            && shown.contains(" s left"),
+        "{shown}"
+    );
+    let (code, shown) = on_a_tty("--quiet");
+    assert_eq!(code, Some(124), "{shown}");
+    assert!(
+        !shown.contains(" s left"),
+        "no progress line with --quiet: {shown}"
+    );
+
+    std::fs::write(dir.path().join("stop"), "").unwrap();
+    assert_eq!(
+        holder.wait(Duration::from_secs(10)).code(),
+        Some(0),
+        "{}",
+        holder.err()
+    );
+}
+
+#[test]
+fn no_wait_is_busy_at_once_and_wait_times_out_on_redis() {
+    let server = RedisServer::start();
+    no_wait_and_wait_on_a_held_key(&server.url(), "cli-busy-redis");
+}
+
+#[test]
+fn no_wait_is_busy_at_once_and_wait_times_out_on_etcd() {
+    let etcd = EtcdCluster::single();
+    let url = format!(
+        "etcd+http://{}",
+        etcd.endpoints().join(",").replace("http://", "")
+    );
+    no_wait_and_wait_on_a_held_key(&url, "cli-busy-etcd");
+}
+
+/// Runs leasehold with `args` and returns (exit code, stderr).
+fn run(url: &str, dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
+    let mut cmd = leasehold(url, dir);
+    cmd.args(args);
+    let out = output(cmd);
+    (out.status.code(), text(&out.stderr))
+}
+
+#[test]
+fn bad_input_gets_clear_messages_and_distinct_codes() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let dir = scratch("cli-bad-input");
+    let d = dir.path();
+
+    let (code, err) = run(&url, d, &["run", "k", "--", "no-such-command-xyz"]);
+    assert_eq!(code, Some(127), "{err}");
+    assert!(
+        err.contains("no-such-command-xyz: command not found"),
+        "{err}"
+    );
+
+    let not_exec = d.join("not-executable");
+    std::fs::write(&not_exec, "#!/bin/sh\n").unwrap();
+    let (code, err) = run(&url, d, &["run", "k", "--", not_exec.to_str().unwrap()]);
+    assert_eq!(code, Some(126), "{err}");
+    assert!(err.contains("cannot execute"), "{err}");
+
+    let (code, err) = run("http://127.0.0.1:1", d, &["run", "k", "--", "true"]);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(
+        err.contains("unusable service URL `http://127.0.0.1:1`"),
+        "{err}"
+    );
+
+    let (code, err) = run("redis://127.0.0.1:notaport", d, &["run", "k", "--", "true"]);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("invalid port number"), "{err}");
+
+    let (code, err) = run("etcd+http://127.0.0.1", d, &["status", "k"]);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("has no port"), "{err}");
+
+    let nobody = format!("redis://127.0.0.1:{}", leasehold_test_support::free_port());
+    let (code, err) = run(&nobody, d, &["run", "k", "--", "true"]);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("is redis-server running"), "{err}");
+
+    let no_etcd = format!(
+        "etcd+http://127.0.0.1:{}",
+        leasehold_test_support::free_port()
+    );
+    let started = Instant::now();
+    let (code, err) = run(
+        &no_etcd,
+        d,
+        &["run", "--ttl", "2s", "--no-wait", "k", "--", "true"],
+    );
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("did not answer"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let (code, err) = run(&url, d, &["run", "a{b}", "--", "true"]);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("invalid key"), "{err}");
+
+    let (code, err) = run(&url, d, &["run", "--ttl", "ten", "k", "--", "true"]);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("write it like 10s"), "{err}");
+
+    let (code, err) = run(
+        &url,
+        d,
+        &[
+            "run",
+            "--ttl",
+            "2s",
+            "--kill-after",
+            "1s",
+            "k",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("more than a quarter of --ttl"), "{err}");
+
+    let (code, err) = run(&url, d, &["run", "k", "--", "sh", "-c", "kill -TERM $$"]);
+    assert_eq!(code, Some(128 + 15), "killed by SIGTERM: 143; {err}");
+    let (code, _) = run(&url, d, &["run", "k", "--", "sh", "-c", "exit 42"]);
+    assert_eq!(code, Some(42), "the command's own status");
+
+    let secured = RedisServer::start_with(RedisOptions {
+        password: Some("right".into()),
+        ..RedisOptions::default()
+    });
+    let wrong = format!("redis://:wrong@127.0.0.1:{}", secured.port());
+    let (code, err) = run(&wrong, d, &["run", "k", "--", "true"]);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(
+        err.contains("authentication failed: check the password"),
+        "{err}"
+    );
+    assert!(!err.contains("wrong@"), "the password is not shown: {err}");
+    let none = format!("redis://127.0.0.1:{}", secured.port());
+    let (code, err) = run(&none, d, &["run", "k", "--", "true"]);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("authentication failed"), "{err}");
+    let (code, err) = run(&secured.url(), d, &["run", "k", "--", "true"]);
+    assert_eq!(code, Some(0), "{err}");
+}
+
+#[test]
+fn status_shows_the_holder_and_raise_fence_moves_the_next_fence() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let dir = scratch("cli-status");
+    let d = dir.path();
+
+    let out = output({
+        let mut c = leasehold(&url, d);
+        c.args(["status", "st", "--json"]);
+        c
+    });
+    assert_eq!(text(&out.stdout).trim(), r#"{"key":"st","held":false}"#);
+
+    let mut holder = hold(&url, d, "st", "holder-\"A\"");
+    let out = output({
+        let mut c = leasehold(&url, d);
+        c.args(["status", "st", "--json"]);
+        c
+    });
+    let json = text(&out.stdout);
+    assert!(
+        json.starts_with(
+            r#"{"key":"st","held":true,"holder":"holder-\"A\"","fence":1,"remaining_ms":"#
+        ),
+        "{json}"
+    );
+    let remaining: u64 = json
+        .trim()
+        .trim_end_matches('}')
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(remaining > 0 && remaining <= 2_000, "{json}");
+    let out = output({
+        let mut c = leasehold(&url, d);
+        c.args(["status", "st"]);
+        c
+    });
+    let human = text(&out.stdout);
+    assert!(
+        human.starts_with("\"st\" is held by holder-\"A\" (fence 1), "),
+        "{human}"
+    );
+    std::fs::write(d.join("stop"), "").unwrap();
+    assert_eq!(holder.wait(Duration::from_secs(10)).code(), Some(0));
+
+    let out = output({
+        let mut c = leasehold(&url, d);
+        c.args(["raise-fence", "st", "1000"]);
+        c
+    });
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = output({
+        let mut c = leasehold(&url, d);
+        c.args([
+            "run",
+            "st",
+            "--",
+            "sh",
+            "-c",
+            "echo $LEASEHOLD_FENCE $LEASEHOLD_KEY",
+        ]);
+        c
+    });
+    assert_eq!(text(&out.stdout).trim(), "1001 st");
+
+    let etcd = EtcdCluster::single();
+    let etcd_url = format!(
+        "etcd+http://{}",
+        etcd.endpoints().join(",").replace("http://", "")
+    );
+    let out = output({
+        let mut c = leasehold(&etcd_url, d);
+        c.args(["raise-fence", "st", "1000"]);
+        c
+    });
+    assert_eq!(out.status.code(), Some(125));
+    assert!(text(&out.stderr).contains("raise-fence is for Redis only"));
+    let out = output({
+        let mut c = leasehold(&etcd_url, d);
+        c.args(["run", "st", "--", "sh", "-c", "echo $LEASEHOLD_FENCE"]);
+        c
+    });
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).trim().parse::<u64>().unwrap() > 0);
+}
