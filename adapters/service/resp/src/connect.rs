@@ -17,11 +17,17 @@ use embedded_io_async::{Read, Write};
 ///
 /// Any `FnMut() -> impl Future<Output = Result<C, E>>` is a factory:
 ///
-/// ```ignore
-/// let service = RespLockService::new(
-///     || async { TcpSocket::connect(stack, REDIS).await },
-///     clock,
+/// ```
+/// use embedded_io_adapters::tokio_1::FromTokio;
+/// use leasehold_resp::RespLockService;
+/// use leasehold_tokio::LeaseClock;
+///
+/// // On a board: an embassy-net `TcpSocket`, or a UART, instead of a tokio stream.
+/// let service: RespLockService<'_, _, _> = RespLockService::new(
+///     || async { tokio::net::TcpStream::connect("127.0.0.1:6379").await.map(FromTokio::new) },
+///     LeaseClock::start(),
 /// );
+/// assert_eq!(service.connects(), 0, "nothing happens until the first request");
 /// ```
 pub trait Connect {
     /// The stream: TCP, a UART, anything `embedded-io-async`.

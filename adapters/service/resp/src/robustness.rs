@@ -3,8 +3,8 @@
 //! panics, and a grant comes only from the byte-exact grant reply.
 
 use core::convert::Infallible;
-use std::vec::Vec;
 use std::format;
+use std::vec::Vec;
 
 use leasehold::{AcquireOutcome, Duration, Identity, Instant, Owner, RenewOutcome, Term};
 use leasehold_driver::Clock;
