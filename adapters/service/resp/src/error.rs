@@ -127,12 +127,6 @@ impl Error {
             _ => Indeterminate::Transport,
         })
     }
-
-    /// Whether the connection can carry the next request: only when Redis answered
-    /// one whole reply (an error reply included).
-    pub(crate) fn keeps_connection(&self) -> bool {
-        matches!(self, Error::Server(_) | Error::InvalidKey(_) | Error::Busy)
-    }
 }
 
 impl fmt::Display for Error {

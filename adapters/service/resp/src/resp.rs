@@ -210,6 +210,19 @@ fn decimal(mut n: u64, buf: &mut [u8; 20]) -> usize {
     }
 }
 
+/// `Write::write_all` without its panic paths (an over-long count is taken as all
+/// written; no write at all is an error).
+async fn write_all<C: Write>(conn: &mut C, mut bytes: &[u8]) -> Result<(), Error> {
+    while !bytes.is_empty() {
+        match conn.write(bytes).await {
+            Ok(0) => return Err(Error::Io(embedded_io_async::ErrorKind::WriteZero)),
+            Ok(n) => bytes = bytes.get(n..).unwrap_or(&[]),
+            Err(e) => return Err(Error::io(&e)),
+        }
+    }
+    Ok(())
+}
+
 /// A request on its way out: bytes gather in a bounded buffer that is written to the
 /// connection whenever it fills, so a request of any size (a script of a kilobyte, a
 /// key of 256 bytes) needs no more RAM than the buffer.
@@ -226,66 +239,30 @@ impl<'c, 'b, C: Write> Out<'c, 'b, C> {
 
     /// Appends `bytes`, writing out the buffer each time it fills.
     pub(crate) async fn put(&mut self, mut bytes: &[u8]) -> Result<(), Error> {
+        if self.buf.is_empty() {
+            // No buffer at all: write straight through.
+            return write_all(self.conn, bytes).await;
+        }
         while !bytes.is_empty() {
             if self.len >= self.buf.len() {
                 self.drain().await?;
             }
             let free = self.buf.get_mut(self.len..).unwrap_or(&mut []);
-            let n = free.len().min(bytes.len());
-            let (now, later) = bytes.split_at(n);
-            if let Some(dst) = free.get_mut(..n) {
-                dst.copy_from_slice(now);
+            let mut n = 0;
+            for (dst, &src) in free.iter_mut().zip(bytes) {
+                *dst = src;
+                n += 1;
             }
             self.len += n;
-            bytes = later;
-            if self.buf.is_empty() {
-                // No buffer at all: write straight through.
-                self.conn.write_all(now).await.map_err(|e| Error::io(&e))?;
-                self.conn
-                    .write_all(later)
-                    .await
-                    .map_err(|e| Error::io(&e))?;
-                return Ok(());
-            }
+            bytes = bytes.get(n..).unwrap_or(&[]);
         }
         Ok(())
     }
 
     async fn drain(&mut self) -> Result<(), Error> {
-        let pending = self.buf.get(..self.len).unwrap_or(&[]);
-        self.conn
-            .write_all(pending)
-            .await
-            .map_err(|e| Error::io(&e))?;
+        write_all(self.conn, self.buf.get(..self.len).unwrap_or(&[])).await?;
         self.len = 0;
         Ok(())
-    }
-
-    /// `*n\r\n`: an array of `n` bulk strings follows.
-    pub(crate) async fn array(&mut self, n: u64) -> Result<(), Error> {
-        self.put(b"*").await?;
-        self.number(n).await?;
-        self.put(b"\r\n").await
-    }
-
-    /// `$len\r\n` of a bulk string whose `len` bytes follow through [`put`](Self::put)
-    /// and end with [`end`](Self::end).
-    pub(crate) async fn bulk_header(&mut self, len: usize) -> Result<(), Error> {
-        self.put(b"$").await?;
-        self.number(len as u64).await?;
-        self.put(b"\r\n").await
-    }
-
-    /// The CRLF after a bulk string's bytes.
-    pub(crate) async fn end(&mut self) -> Result<(), Error> {
-        self.put(b"\r\n").await
-    }
-
-    /// A whole bulk string.
-    pub(crate) async fn bulk(&mut self, bytes: &[u8]) -> Result<(), Error> {
-        self.bulk_header(bytes.len()).await?;
-        self.put(bytes).await?;
-        self.end().await
     }
 
     /// `n` in decimal (no framing).
@@ -293,13 +270,6 @@ impl<'c, 'b, C: Write> Out<'c, 'b, C> {
         let mut digits = [0u8; 20];
         let at = decimal(n, &mut digits);
         self.put(digits.get(at..).unwrap_or(&[])).await
-    }
-
-    /// `n` as a bulk string.
-    pub(crate) async fn bulk_number(&mut self, n: u64) -> Result<(), Error> {
-        let mut digits = [0u8; 20];
-        let at = decimal(n, &mut digits);
-        self.bulk(digits.get(at..).unwrap_or(&[])).await
     }
 
     /// Writes out what is left and flushes the connection: the request is sent.
@@ -415,10 +385,11 @@ mod tests {
             let mut buf = std::vec![0u8; size];
             futures::executor::block_on(async {
                 let mut out = Out::new(&mut sink, &mut buf);
-                out.array(3).await.unwrap();
-                out.bulk(b"GET").await.unwrap();
-                out.bulk(&long).await.unwrap();
-                out.bulk_number(u64::MAX).await.unwrap();
+                out.put(b"*3\r\n$3\r\nGET\r\n$300\r\n").await.unwrap();
+                out.put(&long).await.unwrap();
+                out.put(b"\r\n$20\r\n").await.unwrap();
+                out.number(u64::MAX).await.unwrap();
+                out.put(b"\r\n").await.unwrap();
                 out.send().await.unwrap();
             });
             let mut want = b"*3\r\n$3\r\nGET\r\n$300\r\n".to_vec();

@@ -3,7 +3,7 @@
 
 use core::cell::{Cell, RefCell};
 
-use embedded_io_async::{Read, Write};
+use embedded_io_async::Write;
 use leasehold::{Duration, EncodedToken, Fence, Holder, Identity, OwnerToken};
 use leasehold_driver::Clock;
 
@@ -76,7 +76,7 @@ struct Inner<F: Connect, const R: usize, const W: usize> {
     write: [u8; W],
 }
 
-/// One script call: which script, its keys and arguments.
+/// One command: a script call, a script load, or `AUTH`.
 #[derive(Clone, Copy)]
 enum Request<'r> {
     Acquire {
@@ -98,74 +98,125 @@ enum Request<'r> {
     Holder {
         key: &'r str,
     },
+    /// `SCRIPT LOAD source`.
+    Load {
+        source: &'static str,
+    },
+    /// `AUTH [user] password`.
+    Auth(Auth<'r>),
 }
 
-impl Request<'_> {
-    /// The script's source and SHA1.
-    fn script(&self) -> (&'static str, &'static str) {
+/// A piece of one bulk string.
+#[derive(Clone, Copy)]
+enum Seg<'a> {
+    Bytes(&'a [u8]),
+    Num(u64),
+}
+
+impl Seg<'_> {
+    fn len(self) -> usize {
         match self {
-            Request::Acquire { .. } => (scripts::ACQUIRE, scripts::ACQUIRE_SHA),
-            Request::Renew { .. } => (scripts::RENEW, scripts::RENEW_SHA),
-            Request::Release { .. } => (scripts::RELEASE, scripts::RELEASE_SHA),
-            Request::Holder { .. } => (scripts::HOLDER, scripts::HOLDER_SHA),
+            Seg::Bytes(b) => b.len(),
+            Seg::Num(n) => decimal_len(n),
+        }
+    }
+}
+
+/// One argument of a command: a bulk string made of up to four pieces.
+type Arg<'a> = [Seg<'a>; 4];
+
+const NONE: Seg<'static> = Seg::Bytes(b"");
+
+fn one(seg: Seg<'_>) -> Arg<'_> {
+    [seg, NONE, NONE, NONE]
+}
+
+impl<'r> Request<'r> {
+    /// The script's source and SHA1 (an `EVALSHA` request), or `None`.
+    fn script(&self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Request::Acquire { .. } => Some((scripts::ACQUIRE, scripts::ACQUIRE_SHA)),
+            Request::Renew { .. } => Some((scripts::RENEW, scripts::RENEW_SHA)),
+            Request::Release { .. } => Some((scripts::RELEASE, scripts::RELEASE_SHA)),
+            Request::Holder { .. } => Some((scripts::HOLDER, scripts::HOLDER_SHA)),
+            Request::Load { .. } | Request::Auth(_) => None,
         }
     }
 
-    /// `EVALSHA sha numkeys keys… args…`.
-    async fn send<C: Write>(&self, out: &mut Out<'_, '_, C>) -> Result<(), Error> {
-        let (key, keys, args) = match self {
-            Request::Acquire { key, .. } => (key, 2, 3),
-            Request::Renew { key, .. } => (key, 1, 2),
-            Request::Release { key, .. } => (key, 1, 1),
-            Request::Holder { key } => (key, 1, 0),
-        };
-        out.array(3 + keys + args).await?;
-        out.bulk(b"EVALSHA").await?;
-        out.bulk(self.script().1.as_bytes()).await?;
-        out.bulk_number(keys).await?;
-        // `{name}`: the hash tag keeps both keys of a lock in one cluster slot.
-        out.bulk_header(key.len() + 2).await?;
-        out.put(b"{").await?;
-        out.put(key.as_bytes()).await?;
-        out.put(b"}").await?;
-        out.end().await?;
-        match *self {
-            Request::Acquire {
-                key,
-                token,
-                ms,
-                identity,
-            } => {
-                out.bulk_header(key.len() + 8).await?;
-                out.put(b"{").await?;
-                out.put(key.as_bytes()).await?;
-                out.put(b"}:fence").await?;
-                out.end().await?;
-                out.bulk(token.as_bytes()).await?;
-                out.bulk_number(ms).await?;
-                out.bulk(identity.as_bytes()).await
-            }
-            Request::Renew {
-                token, fence, ms, ..
-            } => {
-                // `<token>\n<fence>\n`: the start of the value of this very grant.
-                out.bulk_header(token.as_bytes().len() + decimal_len(fence) + 2)
-                    .await?;
-                out.put(token.as_bytes()).await?;
-                out.put(b"\n").await?;
-                out.number(fence).await?;
-                out.put(b"\n").await?;
-                out.end().await?;
-                out.bulk_number(ms).await
-            }
-            Request::Release { token, .. } => {
-                out.bulk_header(token.as_bytes().len() + 1).await?;
-                out.put(token.as_bytes()).await?;
-                out.put(b"\n").await?;
-                out.end().await
-            }
-            Request::Holder { .. } => Ok(()),
+    /// How many arguments the command has.
+    fn args(&self) -> usize {
+        match self {
+            Request::Acquire { .. } => 8,
+            Request::Renew { .. } => 6,
+            Request::Release { .. } => 5,
+            Request::Holder { .. } => 4,
+            Request::Load { .. } => 3,
+            Request::Auth(auth) => 2 + usize::from(auth.user.is_some()),
         }
+    }
+
+    /// Argument `i`. Script calls are `EVALSHA sha numkeys keys… args…`; the lock key
+    /// is `{name}` (the hash tag keeps both keys of a lock in one cluster slot).
+    fn arg(&self, i: usize) -> Arg<'r> {
+        let b = |bytes: &'r [u8]| Seg::Bytes(bytes);
+        match (*self, i) {
+            (Request::Load { .. }, 0) => one(b(b"SCRIPT")),
+            (Request::Load { .. }, 1) => one(b(b"LOAD")),
+            (Request::Load { source }, _) => one(b(source.as_bytes())),
+            (Request::Auth(_), 0) => one(b(b"AUTH")),
+            (
+                Request::Auth(Auth {
+                    user: Some(user), ..
+                }),
+                1,
+            ) => one(b(user.as_bytes())),
+            (Request::Auth(Auth { password, .. }), _) => one(b(password.as_bytes())),
+            (_, 0) => one(b(b"EVALSHA")),
+            (_, 1) => one(b(self.script().map_or("", |s| s.1).as_bytes())),
+            (Request::Acquire { .. }, 2) => one(Seg::Num(2)),
+            (_, 2) => one(Seg::Num(1)),
+            (
+                Request::Acquire { key, .. }
+                | Request::Renew { key, .. }
+                | Request::Release { key, .. }
+                | Request::Holder { key },
+                3,
+            ) => [b(b"{"), b(key.as_bytes()), b(b"}"), NONE],
+            (Request::Acquire { key, .. }, 4) => [b(b"{"), b(key.as_bytes()), b(b"}:fence"), NONE],
+            (Request::Acquire { token, .. }, 5) => one(b(token.as_bytes())),
+            (Request::Acquire { ms, .. }, 6) => one(Seg::Num(ms)),
+            (Request::Acquire { identity, .. }, _) => one(b(identity.as_bytes())),
+            // `<token>\n<fence>\n`: the start of the value of this very grant.
+            (Request::Renew { token, fence, .. }, 4) => {
+                [b(token.as_bytes()), b(b"\n"), Seg::Num(fence), b(b"\n")]
+            }
+            (Request::Renew { ms, .. }, _) => one(Seg::Num(ms)),
+            (Request::Release { token, .. }, _) => [b(token.as_bytes()), b(b"\n"), NONE, NONE],
+            (Request::Holder { .. }, _) => one(NONE),
+        }
+    }
+
+    /// Writes the command and flushes it.
+    async fn send<C: Write>(&self, conn: &mut C, buf: &mut [u8]) -> Result<(), Error> {
+        let mut out = Out::new(conn, buf);
+        out.put(b"*").await?;
+        out.number(self.args() as u64).await?;
+        out.put(b"\r\n").await?;
+        for i in 0..self.args() {
+            let arg = self.arg(i);
+            let len = arg.iter().map(|seg| seg.len()).sum::<usize>();
+            out.put(b"$").await?;
+            out.number(len as u64).await?;
+            out.put(b"\r\n").await?;
+            for seg in arg {
+                match seg {
+                    Seg::Bytes(bytes) => out.put(bytes).await?,
+                    Seg::Num(n) => out.number(n).await?,
+                }
+            }
+            out.put(b"\r\n").await?;
+        }
+        out.send().await
     }
 }
 
@@ -306,9 +357,7 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
             .await
     }
 
-    /// Runs `request` under the deadline on a usable connection and reads its answer
-    /// with `answer`; drops the connection unless the exchange ended with one whole
-    /// reply.
+    /// Runs `request` under the deadline and reads its answer with `answer`.
     // The `RefCell` borrow spans the request on purpose: it *is* the one-in-flight
     // rule. A second caller meets `try_borrow_mut`'s error (`Busy`), never a panic.
     #[allow(clippy::await_holding_refcell_ref)]
@@ -318,34 +367,51 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
         answer: fn(Reply<'_>) -> Result<T, Error>,
     ) -> Result<T, Error> {
         let mut inner = self.inner.try_borrow_mut().map_err(|_| Error::Busy)?;
+        let len = self.transact(&mut inner, request).await?;
+        let result = match parsed(inner.read.get(..len).unwrap_or(&[]))? {
+            Reply::Error(line) => Err(Error::Server(ServerError::from_line(line))),
+            reply => answer(reply),
+        };
+        if let Err(Error::Protocol(_)) = result {
+            // Not what the script answers: whoever answered, do not ask it again.
+            inner.conn = None;
+        }
+        result
+    }
+
+    /// Sends `request` on a usable connection under the deadline and reads one whole
+    /// reply (its length, at the start of the read buffer); drops the connection
+    /// unless that succeeded. Not generic over the answer: one copy of the state
+    /// machine serves every request (flash on a microcontroller).
+    async fn transact(
+        &self,
+        inner: &mut Inner<F, R, W>,
+        request: &Request<'_>,
+    ) -> Result<usize, Error> {
         let deadline = self.clock.now().saturating_add(self.request_timeout);
         let result = before(
-            self.exchange(&mut inner, request, answer),
+            self.exchange(inner, request),
             self.clock.sleep_until(deadline),
         )
         .await
         .unwrap_or(Err(Error::Timeout));
-        inner.clean = match &result {
-            Ok(_) => true,
-            Err(e) => e.keeps_connection(),
-        };
+        inner.clean = result.is_ok();
         if !inner.clean {
             inner.conn = None;
         }
         result
     }
 
-    async fn exchange<T>(
+    async fn exchange(
         &self,
         inner: &mut Inner<F, R, W>,
         request: &Request<'_>,
-        answer: fn(Reply<'_>) -> Result<T, Error>,
-    ) -> Result<T, Error> {
+    ) -> Result<usize, Error> {
         if !inner.clean {
             // The last request was dropped half-way: its answer may still come.
             inner.conn = None;
         }
-        // Until this exchange reads its whole answer (`call` sets it back then).
+        // Until this exchange reads its whole answer (`transact` sets it then).
         inner.clean = false;
         let Inner {
             connect,
@@ -360,44 +426,42 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
                 let mut fresh = connect.connect().await.map_err(|_| Error::Connect)?;
                 self.connects.set(self.connects.get().wrapping_add(1));
                 if let Some(auth) = self.auth {
-                    authenticate(&mut fresh, auth, read, write).await?;
+                    Request::Auth(auth).send(&mut fresh, write).await?;
+                    let len = read_reply(&mut fresh, read).await?;
+                    match parsed(read.get(..len).unwrap_or(&[]))? {
+                        Reply::Scalar(Scalar::Simple(b"OK")) => {}
+                        Reply::Error(line) => {
+                            return Err(Error::Server(ServerError::from_line(line)))
+                        }
+                        _ => return Err(Error::Protocol(ProtocolError::Unexpected)),
+                    }
                 }
                 conn.insert(fresh)
             }
         };
-        let mut out = Out::new(&mut *conn, &mut write[..]);
-        request.send(&mut out).await?;
-        out.send().await?;
-        let mut len = read_reply(conn, read).await?;
-        if is_noscript(read.get(..len).unwrap_or(&[])) {
-            // Redis forgot the script (a restart, SCRIPT FLUSH, a failover): load it
-            // and ask again, once.
-            self.reloads.set(self.reloads.get().wrapping_add(1));
-            let (source, sha) = request.script();
-            let mut out = Out::new(&mut *conn, &mut write[..]);
-            out.array(3).await?;
-            out.bulk(b"SCRIPT").await?;
-            out.bulk(b"LOAD").await?;
-            out.bulk(source.as_bytes()).await?;
-            out.send().await?;
-            let loaded = read_reply(conn, read).await?;
-            match parsed(read.get(..loaded).unwrap_or(&[]))? {
-                Reply::Scalar(Scalar::Bulk(Some(answer))) if answer == sha.as_bytes() => {}
-                Reply::Scalar(Scalar::Bulk(Some(_))) => {
-                    return Err(Error::Protocol(ProtocolError::WrongSha))
-                }
-                Reply::Error(line) => return Err(Error::Server(ServerError::from_line(line))),
-                _ => return Err(Error::Protocol(ProtocolError::Unexpected)),
+        request.send(conn, write).await?;
+        let len = read_reply(conn, read).await?;
+        let Some((source, sha)) = request.script() else {
+            return Ok(len);
+        };
+        if !is_noscript(read.get(..len).unwrap_or(&[])) {
+            return Ok(len);
+        }
+        // Redis forgot the script (a restart, SCRIPT FLUSH, a failover): load it and
+        // ask again, once.
+        self.reloads.set(self.reloads.get().wrapping_add(1));
+        Request::Load { source }.send(conn, write).await?;
+        let loaded = read_reply(conn, read).await?;
+        match parsed(read.get(..loaded).unwrap_or(&[]))? {
+            Reply::Scalar(Scalar::Bulk(Some(answer))) if answer == sha.as_bytes() => {}
+            Reply::Scalar(Scalar::Bulk(Some(_))) => {
+                return Err(Error::Protocol(ProtocolError::WrongSha))
             }
-            let mut out = Out::new(&mut *conn, &mut write[..]);
-            request.send(&mut out).await?;
-            out.send().await?;
-            len = read_reply(conn, read).await?;
+            Reply::Error(line) => return Err(Error::Server(ServerError::from_line(line))),
+            _ => return Err(Error::Protocol(ProtocolError::Unexpected)),
         }
-        match parsed(read.get(..len).unwrap_or(&[]))? {
-            Reply::Error(line) => Err(Error::Server(ServerError::from_line(line))),
-            reply => answer(reply),
-        }
+        request.send(conn, write).await?;
+        read_reply(conn, read).await
     }
 }
 
@@ -410,29 +474,6 @@ fn parsed(buf: &[u8]) -> Result<Reply<'_>, Error> {
 
 fn is_noscript(buf: &[u8]) -> bool {
     matches!(parsed(buf), Ok(Reply::Error(line)) if ServerError::from_line(line).code() == "NOSCRIPT")
-}
-
-/// `AUTH [user] password`, expecting `+OK`.
-async fn authenticate<C: Read + Write>(
-    conn: &mut C,
-    auth: Auth<'_>,
-    read: &mut [u8],
-    write: &mut [u8],
-) -> Result<(), Error> {
-    let mut out = Out::new(&mut *conn, write);
-    out.array(if auth.user.is_some() { 3 } else { 2 }).await?;
-    out.bulk(b"AUTH").await?;
-    if let Some(user) = auth.user {
-        out.bulk(user.as_bytes()).await?;
-    }
-    out.bulk(auth.password.as_bytes()).await?;
-    out.send().await?;
-    let len = read_reply(conn, read).await?;
-    match parsed(read.get(..len).unwrap_or(&[]))? {
-        Reply::Scalar(Scalar::Simple(b"OK")) => Ok(()),
-        Reply::Error(line) => Err(Error::Server(ServerError::from_line(line))),
-        _ => Err(Error::Protocol(ProtocolError::Unexpected)),
-    }
 }
 
 #[cfg(test)]
@@ -448,6 +489,82 @@ mod tests {
         );
         assert_eq!(ttl_ms(Duration::ZERO).1, Duration::from_millis(1));
         assert_eq!(ttl_ms(Duration::MAX).0, u64::MAX / 1_000 + 1);
+    }
+
+    /// The bytes of `request` as sent.
+    fn wire(request: Request<'_>) -> std::string::String {
+        struct Sink(std::vec::Vec<u8>);
+        impl embedded_io_async::ErrorType for Sink {
+            type Error = core::convert::Infallible;
+        }
+        impl Write for Sink {
+            async fn write(&mut self, buf: &[u8]) -> Result<usize, Self::Error> {
+                self.0.extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            async fn flush(&mut self) -> Result<(), Self::Error> {
+                Ok(())
+            }
+        }
+        let mut sink = Sink(std::vec::Vec::new());
+        futures::executor::block_on(request.send(&mut sink, &mut [0; 16])).unwrap();
+        std::string::String::from_utf8(sink.0).unwrap()
+    }
+
+    #[test]
+    fn commands_on_the_wire() {
+        let token = leasehold::Owner([0xab; 16])
+            .token(leasehold::Term(0x1c))
+            .encode();
+        let t = token.as_str();
+        let sha = scripts::ACQUIRE_SHA;
+        assert_eq!(
+            wire(Request::Acquire {
+                key: "k",
+                token: &token,
+                ms: 300,
+                identity: "dev"
+            }),
+            std::format!(
+                "*8\r\n$7\r\nEVALSHA\r\n$40\r\n{sha}\r\n$1\r\n2\r\n$3\r\n{{k}}\r\n\
+                 $9\r\n{{k}}:fence\r\n$35\r\n{t}\r\n$3\r\n300\r\n$3\r\ndev\r\n"
+            )
+        );
+        let sha = scripts::RENEW_SHA;
+        assert_eq!(
+            wire(Request::Renew {
+                key: "k",
+                token: &token,
+                fence: u64::MAX,
+                ms: 1
+            }),
+            std::format!(
+                "*6\r\n$7\r\nEVALSHA\r\n$40\r\n{sha}\r\n$1\r\n1\r\n$3\r\n{{k}}\r\n\
+                 $57\r\n{t}\n18446744073709551615\n\r\n$1\r\n1\r\n"
+            )
+        );
+        let sha = scripts::RELEASE_SHA;
+        assert_eq!(
+            wire(Request::Release {
+                key: "k",
+                token: &token
+            }),
+            std::format!(
+                "*5\r\n$7\r\nEVALSHA\r\n$40\r\n{sha}\r\n$1\r\n1\r\n$3\r\n{{k}}\r\n\
+                 $36\r\n{t}\n\r\n"
+            )
+        );
+        assert_eq!(
+            wire(Request::Auth(Auth {
+                user: Some("u"),
+                password: "p"
+            })),
+            "*3\r\n$4\r\nAUTH\r\n$1\r\nu\r\n$1\r\np\r\n"
+        );
+        assert!(wire(Request::Load {
+            source: scripts::RENEW
+        })
+        .starts_with("*3\r\n$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n$"));
     }
 
     #[test]
