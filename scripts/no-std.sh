@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 for target in thumbv6m-none-eabi thumbv7em-none-eabihf riscv32imc-unknown-none-elf; do
     for features in "" "defmt"; do
-        for crate in leasehold leasehold-driver leasehold-embassy; do
+        for crate in leasehold leasehold-driver leasehold-embassy leasehold-resp; do
             echo "  ${crate} --target ${target} ${features:+--features $features}"
             cargo build --locked -q -p "$crate" --target "$target" ${features:+--features "$features"}
         done

@@ -1,0 +1,27 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![no_std]
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+//!
+//! # Features
+#![doc = document_features::document_features!()]
+
+#[cfg(test)]
+extern crate std;
+
+mod connect;
+mod error;
+mod lock_service;
+mod replies;
+mod resp;
+#[cfg(test)]
+mod robustness;
+pub mod scripts;
+mod service;
+
+pub use connect::Connect;
+pub use error::{Error, ProtocolError, ServerError};
+pub use service::{
+    Auth, RespLockService, DEFAULT_READ_BUFFER, DEFAULT_REQUEST_TIMEOUT, DEFAULT_WRITE_BUFFER,
+};

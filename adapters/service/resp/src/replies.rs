@@ -1,0 +1,159 @@
+//! What each script answers, read from a parsed reply. Anything else is
+//! [`ProtocolError::Unexpected`]: never a grant.
+
+use leasehold::{Duration, Fence, Holder, Identity};
+
+use crate::error::{Error, ProtocolError};
+use crate::resp::{fence_digits, Reply, Scalar};
+
+/// What the acquire script answered: a grant's fence, or who holds the key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Acquired {
+    Granted(Fence),
+    HeldByAnother(Holder),
+}
+
+const UNEXPECTED: Error = Error::Protocol(ProtocolError::Unexpected);
+
+/// `{1, fence}` / `{2, fence}` (granted, or granted again to the same token) or
+/// `{0, fence, identity, pttl}`.
+pub(crate) fn acquire(reply: Reply<'_>) -> Result<Acquired, Error> {
+    let Reply::Array(items) = reply else {
+        return Err(UNEXPECTED);
+    };
+    match items.as_slice() {
+        [Scalar::Int(1 | 2), fence_item] => Ok(Acquired::Granted(fence(fence_item)?)),
+        [Scalar::Int(0), rest @ ..] => Ok(Acquired::HeldByAnother(holder(rest)?)),
+        _ => Err(UNEXPECTED),
+    }
+}
+
+/// `{0}` (free) or `{1, fence, identity, pttl}`.
+pub(crate) fn holder_query(reply: Reply<'_>) -> Result<Option<Holder>, Error> {
+    let Reply::Array(items) = reply else {
+        return Err(UNEXPECTED);
+    };
+    match items.as_slice() {
+        [Scalar::Int(0)] => Ok(None),
+        [Scalar::Int(1), rest @ ..] => holder(rest).map(Some),
+        _ => Err(UNEXPECTED),
+    }
+}
+
+/// Renew and release: 1 (done) or 0 (not the owner).
+pub(crate) fn flag(reply: Reply<'_>) -> Result<bool, Error> {
+    match reply {
+        Reply::Scalar(Scalar::Int(1)) => Ok(true),
+        Reply::Scalar(Scalar::Int(0)) => Ok(false),
+        _ => Err(UNEXPECTED),
+    }
+}
+
+/// `fence, identity, pttl` of a held key.
+fn holder(items: &[Scalar<'_>]) -> Result<Holder, Error> {
+    let [fence_item, Scalar::Bulk(Some(identity)), Scalar::Int(pttl)] = items else {
+        return Err(UNEXPECTED);
+    };
+    let remaining = match *pttl {
+        // No expiry (someone ran PERSIST on it): held until deleted.
+        -1 => Duration::MAX,
+        ms if ms >= 0 => Duration::from_millis(ms.unsigned_abs()),
+        _ => return Err(UNEXPECTED),
+    };
+    Ok(Holder {
+        identity: Identity::lossy(utf8_prefix(identity)),
+        fence: fence(fence_item)?,
+        remaining,
+    })
+}
+
+/// A fence travels as a decimal bulk string: exact beyond Lua's 2^53.
+fn fence(item: &Scalar<'_>) -> Result<Fence, Error> {
+    match item {
+        Scalar::Bulk(Some(digits)) => fence_digits(digits).map(Fence).ok_or(UNEXPECTED),
+        _ => Err(UNEXPECTED),
+    }
+}
+
+/// The longest valid UTF-8 prefix of `bytes` (an identity is read back lossily).
+fn utf8_prefix(bytes: &[u8]) -> &str {
+    match core::str::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => bytes
+            .get(..e.valid_up_to())
+            .and_then(|b| core::str::from_utf8(b).ok())
+            .unwrap_or(""),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resp::parse;
+
+    fn reply(bytes: &[u8]) -> Reply<'_> {
+        parse(bytes).unwrap().0
+    }
+
+    #[test]
+    fn acquire_answers() {
+        assert_eq!(
+            acquire(reply(b"*2\r\n:1\r\n$20\r\n18446744073709551615\r\n")),
+            Ok(Acquired::Granted(Fence(u64::MAX)))
+        );
+        assert_eq!(
+            acquire(reply(b"*4\r\n:0\r\n$1\r\n3\r\n$6\r\nhost-1\r\n:-1\r\n")),
+            Ok(Acquired::HeldByAnother(Holder {
+                identity: Identity::new("host-1").unwrap(),
+                fence: Fence(3),
+                remaining: Duration::MAX,
+            }))
+        );
+        for garbage in [
+            &b"+OK\r\n"[..],
+            b"$-1\r\n",
+            b":1\r\n",
+            b"*0\r\n",
+            b"*2\r\n:1\r\n$1\r\n0\r\n",
+            b"*2\r\n:1\r\n$2\r\n-3\r\n",
+            b"*2\r\n:1\r\n$20\r\n18446744073709551616\r\n",
+            b"*3\r\n:1\r\n$1\r\n5\r\n:300\r\n",
+            b"*1\r\n:1\r\n",
+            b"*2\r\n:3\r\n$1\r\n5\r\n",
+            b"*2\r\n$1\r\n1\r\n$1\r\n5\r\n",
+            b"*2\r\n:1\r\n:5\r\n",
+            b"*4\r\n:0\r\n$1\r\n5\r\n$2\r\nid\r\n:-2\r\n",
+            b"*4\r\n:0\r\n$1\r\n5\r\n:1\r\n:10\r\n",
+        ] {
+            assert_eq!(acquire(reply(garbage)), Err(UNEXPECTED), "{garbage:?}");
+        }
+    }
+
+    #[test]
+    fn holder_and_flag_answers() {
+        assert_eq!(holder_query(reply(b"*1\r\n:0\r\n")), Ok(None));
+        assert_eq!(
+            holder_query(reply(b"*4\r\n:1\r\n$1\r\n9\r\n$0\r\n\r\n:250\r\n")),
+            Ok(Some(Holder {
+                identity: Identity::EMPTY,
+                fence: Fence(9),
+                remaining: Duration::from_millis(250),
+            }))
+        );
+        assert_eq!(
+            holder_query(reply(b"*2\r\n:0\r\n$1\r\n9\r\n")),
+            Err(UNEXPECTED)
+        );
+        assert_eq!(flag(reply(b":1\r\n")), Ok(true));
+        assert_eq!(flag(reply(b":0\r\n")), Ok(false));
+        for garbage in [&b":2\r\n"[..], b"+OK\r\n", b"*1\r\n:1\r\n", b"$1\r\n1\r\n"] {
+            assert_eq!(flag(reply(garbage)), Err(UNEXPECTED), "{garbage:?}");
+        }
+    }
+
+    #[test]
+    fn identities_read_back_lossily() {
+        assert_eq!(utf8_prefix(b"ok\xffno"), "ok");
+        assert_eq!(utf8_prefix("h\u{e9}".as_bytes()), "h\u{e9}");
+    }
+}

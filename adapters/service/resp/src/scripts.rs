@@ -1,0 +1,183 @@
+//! The Lua scripts, the one source of them: `leasehold-redis` loads these same texts.
+//!
+//! The lock key `{name}` holds `<token>\n<fence>\n<identity>`: the owner token (ASCII),
+//! the grant's fence (decimal, no leading zeros) and the holder's identity (printable
+//! text, possibly empty). One `GET` of the lock key therefore tells a script who holds
+//! the key, with which fence and as whom, so renew and release never read the fence
+//! counter `{name}:fence`.
+//!
+//! Every script validates everything it reads *before* it writes anything: a Redis
+//! script that fails halfway keeps the writes it already made, so a garbage fence
+//! counter must be refused before the lock key is set, never after. A value in the
+//! lock key that is not in the format above (written by another program) makes
+//! acquire and holder fail with a `LEASEHOLD` error reply, and makes renew and release
+//! answer "not the owner"; a lock key that is not a string makes Redis itself answer
+//! `WRONGTYPE`.
+//!
+//! Each script has its SHA1 next to it (the name `EVALSHA` calls it by), as hex: a
+//! test checks every one against the script's text, so a change of a script without
+//! its SHA fails the build's tests, never a request.
+
+/// The Lua pattern of a lock value: captures token, fence and identity. A macro, so
+/// that the one pattern is spliced into each script's source at compile time.
+macro_rules! lock_value_pattern {
+    () => {
+        r"'^([^\n]+)\n([1-9]%d*)\n([^\n]*)$'"
+    };
+}
+
+/// `KEYS[1]` lock key, `KEYS[2]` fence counter; `ARGV[1]` owner token, `ARGV[2]` TTL in
+/// ms, `ARGV[3]` the holder's identity.
+///
+/// Answers `{1, fence}` for a new grant (`INCR` of the counter, then `SET` of the lock
+/// key with `PX`), `{2, fence}` when the token already held the key (an earlier
+/// attempt whose answer was lost: same fence, expiry reset with `PEXPIRE`), and
+/// `{0, fence, identity, pttl}` when another token holds it. Fences travel as decimal
+/// strings, exact beyond Lua's 2^53. Errors: `LEASEHOLD` (the lock key or the counter
+/// holds a value leasehold did not write), `LEASEHOLD_EXHAUSTED` (the counter is at
+/// 2^63 - 1, where `INCR` stops).
+pub const ACQUIRE: &str = concat!(
+    r"
+local value = redis.call('GET', KEYS[1])
+if value then
+  local token, fence, identity = string.match(value, ",
+    lock_value_pattern!(),
+    r")
+  if not token then
+    return redis.error_reply('LEASEHOLD the lock key holds a value leasehold did not write')
+  end
+  if token == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {2, fence}
+  end
+  return {0, fence, identity, redis.call('PTTL', KEYS[1])}
+end
+local counter = redis.call('GET', KEYS[2])
+if counter then
+  if counter ~= '0' and not string.match(counter, '^[1-9]%d*$') then
+    return redis.error_reply('LEASEHOLD the fence counter is not a non-negative integer')
+  end
+  local len = string.len(counter)
+  if len > 19 or (len == 19 and counter >= '9223372036854775807') then
+    return redis.error_reply('LEASEHOLD_EXHAUSTED the fence counter is at 2^63-1, the most INCR can reach')
+  end
+end
+redis.call('INCR', KEYS[2])
+local fence = redis.call('GET', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. '\n' .. fence .. '\n' .. ARGV[3], 'PX', ARGV[2])
+return {1, fence}
+"
+);
+
+/// `KEYS[1]` lock key; `ARGV[1]` `<token>\n<fence>\n` (the start of the value of the
+/// grant being renewed), `ARGV[2]` TTL in ms.
+///
+/// Answers 1 after `PEXPIRE` when the lock key's value starts with `ARGV[1]` (this
+/// token, this fence), 0 otherwise: expired, deleted, taken, overwritten, or a newer
+/// grant to the same token (a late duplicate acquire after the key was deleted
+/// re-creates it with a new fence). Never creates the key.
+pub const RENEW: &str = r"
+local value = redis.call('GET', KEYS[1])
+if value and string.sub(value, 1, string.len(ARGV[1])) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+";
+
+/// `KEYS[1]` lock key; `ARGV[1]` `<token>\n`. Answers 1 after `DEL` when the lock key
+/// is held by that token (whatever the fence), 0 otherwise.
+pub const RELEASE: &str = r"
+local value = redis.call('GET', KEYS[1])
+if value and string.sub(value, 1, string.len(ARGV[1])) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+";
+
+/// `KEYS[1]` lock key. Answers `{0}` when free, `{1, fence, identity, pttl}` when
+/// held. Writes nothing. Error `LEASEHOLD` when the key holds a value leasehold did
+/// not write.
+pub const HOLDER: &str = concat!(
+    r"
+local value = redis.call('GET', KEYS[1])
+if not value then
+  return {0}
+end
+local token, fence, identity = string.match(value, ",
+    lock_value_pattern!(),
+    r")
+if not token then
+  return redis.error_reply('LEASEHOLD the lock key holds a value leasehold did not write')
+end
+return {1, fence, identity, redis.call('PTTL', KEYS[1])}
+"
+);
+
+/// `KEYS[1]` fence counter; `ARGV[1]` a decimal minimum (no leading zeros). Raises the
+/// counter to at least the minimum and answers the counter (as a string). Compares
+/// as decimal strings, so it stays exact past 2^53. It never touches the lock key: a
+/// grant that is held keeps its fence; the *next* grant's fence is above the counter.
+pub const RAISE_FENCE: &str = r"
+local current = redis.call('GET', KEYS[1])
+if current and current ~= '0' and not string.match(current, '^[1-9]%d*$') then
+  return redis.error_reply('LEASEHOLD the fence counter is not a non-negative integer')
+end
+local want = ARGV[1]
+if current then
+  if string.len(current) > string.len(want) or (string.len(current) == string.len(want) and current >= want) then
+    return current
+  end
+end
+redis.call('SET', KEYS[1], want)
+return want
+";
+
+/// The Lua pattern of a lock value that [`ACQUIRE`] and [`HOLDER`] share, as spliced
+/// into both.
+pub const LOCK_VALUE_PATTERN: &str = lock_value_pattern!();
+
+/// SHA1 of [`ACQUIRE`], lowercase hex: what `EVALSHA` names it by.
+pub const ACQUIRE_SHA: &str = "7f8e3648f17e26018848d5b0511a1d19635d8f51";
+/// SHA1 of [`RENEW`].
+pub const RENEW_SHA: &str = "2f486b8acecdb0657a34655a843ca809d9f3d1e5";
+/// SHA1 of [`RELEASE`].
+pub const RELEASE_SHA: &str = "9163eed6d417f7cf0a3bab41619e7d35e0765941";
+/// SHA1 of [`HOLDER`].
+pub const HOLDER_SHA: &str = "36709e2b26446792ab822d0f3e39924a63f53d3e";
+/// SHA1 of [`RAISE_FENCE`].
+pub const RAISE_FENCE_SHA: &str = "0b0aa065ef72ede5bc6c2c7c39824e8078d61a8c";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::string::ToString;
+    use std::vec::Vec;
+    use std::{assert, format};
+
+    #[test]
+    fn each_sha_is_the_sha1_of_its_script() {
+        let mut wrong = Vec::new();
+        for (name, script, sha) in [
+            ("ACQUIRE", ACQUIRE, ACQUIRE_SHA),
+            ("RENEW", RENEW, RENEW_SHA),
+            ("RELEASE", RELEASE, RELEASE_SHA),
+            ("HOLDER", HOLDER, HOLDER_SHA),
+            ("RAISE_FENCE", RAISE_FENCE, RAISE_FENCE_SHA),
+        ] {
+            let actual = sha1_smol::Sha1::from(script).digest().to_string();
+            if actual != sha {
+                wrong.push(format!("{name}_SHA = {actual:?}"));
+            }
+        }
+        assert!(wrong.is_empty(), "stale SHAs:\n{}", wrong.join("\n"));
+    }
+
+    #[test]
+    fn the_value_pattern_is_spliced_into_both_scripts() {
+        for script in [ACQUIRE, HOLDER] {
+            assert!(script.contains(LOCK_VALUE_PATTERN), "{script}");
+        }
+    }
+}

@@ -1,0 +1,576 @@
+//! The service: one connection, one request at a time, every request under a
+//! deadline from the driver's clock.
+
+use core::cell::{Cell, RefCell};
+
+use embedded_io_async::Write;
+use leasehold::{Duration, EncodedToken, Fence, Holder, Identity, OwnerToken};
+use leasehold_driver::Clock;
+
+use crate::connect::{before, Connect};
+use crate::error::{Error, ProtocolError, ServerError};
+use crate::replies::{self, Acquired};
+use crate::resp::{self, read_reply, Out, Reply, Scalar};
+use crate::scripts;
+
+/// The read buffer's default size: the longest answer a script gives (a holder with
+/// a 64-byte identity and a 20-digit fence) is about 120 bytes, and Redis's error
+/// replies fit too.
+pub const DEFAULT_READ_BUFFER: usize = 256;
+
+/// The write buffer's default size. Requests longer than it (a 256-byte key, a
+/// script being reloaded) are written in pieces, so it only sets how many writes a
+/// request takes.
+pub const DEFAULT_WRITE_BUFFER: usize = 128;
+
+/// The request timeout unless [`RespLockService::with_request_timeout`] sets one.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Credentials for `AUTH`, sent on every new connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Auth<'a> {
+    /// The ACL user; `None` for the default user (`requirepass`).
+    pub user: Option<&'a str>,
+    /// The password.
+    pub password: &'a str,
+}
+
+/// A Redis lock service over one `embedded-io-async` stream, without `std` or a heap.
+///
+/// * `F` makes connections ([`Connect`]: any async closure returning a stream).
+/// * `K` is the driver's clock: every request (connect, `AUTH`, `EVALSHA`, a script
+///   reload) runs under one deadline, [`with_request_timeout`](Self::with_request_timeout)
+///   after it starts; nothing else tells time.
+/// * `R` bytes hold one reply ([`DEFAULT_READ_BUFFER`]); a longer one is
+///   `Indeterminate(Protocol)`. `W` bytes gather a request before it is written
+///   ([`DEFAULT_WRITE_BUFFER`]).
+///
+/// One request is in flight at a time; a second caller gets
+/// [`Error::Busy`] (`Indeterminate(Transport)`), never a mixed-up reply. The
+/// connection is dropped and made anew by `F` before the next request whenever the
+/// last one did not end with a whole reply: a timeout, an I/O error, an answer that
+/// did not parse, or a request future dropped half-way.
+pub struct RespLockService<
+    'a,
+    F: Connect,
+    K,
+    const R: usize = { DEFAULT_READ_BUFFER },
+    const W: usize = { DEFAULT_WRITE_BUFFER },
+> {
+    clock: K,
+    request_timeout: Duration,
+    auth: Option<Auth<'a>>,
+    connects: Cell<u32>,
+    reloads: Cell<u32>,
+    inner: RefCell<Inner<F, R, W>>,
+}
+
+/// What a request needs exclusively.
+struct Inner<F: Connect, const R: usize, const W: usize> {
+    connect: F,
+    conn: Option<F::Connection>,
+    /// The last request on `conn` ended with a whole reply read: `conn` holds no
+    /// answer to anything, the next request may use it.
+    clean: bool,
+    read: [u8; R],
+    write: [u8; W],
+}
+
+/// One command: a script call, a script load, or `AUTH`.
+#[derive(Clone, Copy)]
+enum Request<'r> {
+    Acquire {
+        key: &'r str,
+        token: &'r EncodedToken,
+        ms: u64,
+        identity: &'r str,
+    },
+    Renew {
+        key: &'r str,
+        token: &'r EncodedToken,
+        fence: u64,
+        ms: u64,
+    },
+    Release {
+        key: &'r str,
+        token: &'r EncodedToken,
+    },
+    Holder {
+        key: &'r str,
+    },
+    /// `SCRIPT LOAD source`.
+    Load {
+        source: &'static str,
+    },
+    /// `AUTH [user] password`.
+    Auth(Auth<'r>),
+}
+
+/// A piece of one bulk string.
+#[derive(Clone, Copy)]
+enum Seg<'a> {
+    Bytes(&'a [u8]),
+    Num(u64),
+}
+
+impl Seg<'_> {
+    fn len(self) -> usize {
+        match self {
+            Seg::Bytes(b) => b.len(),
+            Seg::Num(n) => decimal_len(n),
+        }
+    }
+}
+
+/// One argument of a command: a bulk string made of up to four pieces.
+type Arg<'a> = [Seg<'a>; 4];
+
+const NONE: Seg<'static> = Seg::Bytes(b"");
+
+fn one(seg: Seg<'_>) -> Arg<'_> {
+    [seg, NONE, NONE, NONE]
+}
+
+impl<'r> Request<'r> {
+    /// The script's source and SHA1 (an `EVALSHA` request), or `None`.
+    fn script(&self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Request::Acquire { .. } => Some((scripts::ACQUIRE, scripts::ACQUIRE_SHA)),
+            Request::Renew { .. } => Some((scripts::RENEW, scripts::RENEW_SHA)),
+            Request::Release { .. } => Some((scripts::RELEASE, scripts::RELEASE_SHA)),
+            Request::Holder { .. } => Some((scripts::HOLDER, scripts::HOLDER_SHA)),
+            Request::Load { .. } | Request::Auth(_) => None,
+        }
+    }
+
+    /// How many arguments the command has.
+    fn args(&self) -> usize {
+        match self {
+            Request::Acquire { .. } => 8,
+            Request::Renew { .. } => 6,
+            Request::Release { .. } => 5,
+            Request::Holder { .. } => 4,
+            Request::Load { .. } => 3,
+            Request::Auth(auth) => 2 + usize::from(auth.user.is_some()),
+        }
+    }
+
+    /// Argument `i`. Script calls are `EVALSHA sha numkeys keys… args…`; the lock key
+    /// is `{name}` (the hash tag keeps both keys of a lock in one cluster slot).
+    fn arg(&self, i: usize) -> Arg<'r> {
+        let b = |bytes: &'r [u8]| Seg::Bytes(bytes);
+        match (*self, i) {
+            (Request::Load { .. }, 0) => one(b(b"SCRIPT")),
+            (Request::Load { .. }, 1) => one(b(b"LOAD")),
+            (Request::Load { source }, _) => one(b(source.as_bytes())),
+            (Request::Auth(_), 0) => one(b(b"AUTH")),
+            (
+                Request::Auth(Auth {
+                    user: Some(user), ..
+                }),
+                1,
+            ) => one(b(user.as_bytes())),
+            (Request::Auth(Auth { password, .. }), _) => one(b(password.as_bytes())),
+            (_, 0) => one(b(b"EVALSHA")),
+            (_, 1) => one(b(self.script().map_or("", |s| s.1).as_bytes())),
+            (Request::Acquire { .. }, 2) => one(Seg::Num(2)),
+            (_, 2) => one(Seg::Num(1)),
+            (
+                Request::Acquire { key, .. }
+                | Request::Renew { key, .. }
+                | Request::Release { key, .. }
+                | Request::Holder { key },
+                3,
+            ) => [b(b"{"), b(key.as_bytes()), b(b"}"), NONE],
+            (Request::Acquire { key, .. }, 4) => [b(b"{"), b(key.as_bytes()), b(b"}:fence"), NONE],
+            (Request::Acquire { token, .. }, 5) => one(b(token.as_bytes())),
+            (Request::Acquire { ms, .. }, 6) => one(Seg::Num(ms)),
+            (Request::Acquire { identity, .. }, _) => one(b(identity.as_bytes())),
+            // `<token>\n<fence>\n`: the start of the value of this very grant.
+            (Request::Renew { token, fence, .. }, 4) => {
+                [b(token.as_bytes()), b(b"\n"), Seg::Num(fence), b(b"\n")]
+            }
+            (Request::Renew { ms, .. }, _) => one(Seg::Num(ms)),
+            (Request::Release { token, .. }, _) => [b(token.as_bytes()), b(b"\n"), NONE, NONE],
+            (Request::Holder { .. }, _) => one(NONE),
+        }
+    }
+
+    /// Writes the command and flushes it.
+    async fn send<C: Write>(&self, conn: &mut C, buf: &mut [u8]) -> Result<(), Error> {
+        let mut out = Out::new(conn, buf);
+        out.put(b"*").await?;
+        out.number(self.args() as u64).await?;
+        out.put(b"\r\n").await?;
+        for i in 0..self.args() {
+            let arg = self.arg(i);
+            let len = arg.iter().map(|seg| seg.len()).sum::<usize>();
+            out.put(b"$").await?;
+            out.number(len as u64).await?;
+            out.put(b"\r\n").await?;
+            for seg in arg {
+                match seg {
+                    Seg::Bytes(bytes) => out.put(bytes).await?,
+                    Seg::Num(n) => out.number(n).await?,
+                }
+            }
+            out.put(b"\r\n").await?;
+        }
+        out.send().await
+    }
+}
+
+/// How many decimal digits `n` has.
+fn decimal_len(mut n: u64) -> usize {
+    let mut len = 1;
+    while n >= 10 {
+        n /= 10;
+        len += 1;
+    }
+    len
+}
+
+/// A TTL as `PX`/`PEXPIRE` take it: whole milliseconds, rounded up (a renewal never
+/// applies less than asked), at least 1 (Redis refuses 0); also the TTL applied.
+fn ttl_ms(ttl: Duration) -> (u64, Duration) {
+    let ms = ttl.as_micros().div_ceil(1_000).max(1);
+    (ms, Duration::from_millis(ms))
+}
+
+impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'a, F, K, R, W> {
+    /// A service that connects with `connect` when it first needs to, with no
+    /// `AUTH` and the [`DEFAULT_REQUEST_TIMEOUT`].
+    pub fn new(connect: F, clock: K) -> Self {
+        RespLockService {
+            clock,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            auth: None,
+            connects: Cell::new(0),
+            reloads: Cell::new(0),
+            inner: RefCell::new(Inner {
+                connect,
+                conn: None,
+                clean: true,
+                read: [0; R],
+                write: [0; W],
+            }),
+        }
+    }
+
+    /// Sends `AUTH` with these credentials on every new connection.
+    #[must_use]
+    pub fn with_auth(mut self, auth: Auth<'a>) -> Self {
+        self.auth = Some(auth);
+        self
+    }
+
+    /// Bounds every request, connecting included, by `timeout` on the clock.
+    #[must_use]
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// How many connections the factory has made so far.
+    pub fn connects(&self) -> u32 {
+        self.connects.get()
+    }
+
+    /// How often Redis answered `NOSCRIPT` and a script was loaded again.
+    pub fn script_reloads(&self) -> u32 {
+        self.reloads.get()
+    }
+
+    /// Acquires `key` for `token` (see the trait); `Ok` holds `Granted` or
+    /// `HeldByAnother`.
+    pub async fn try_acquire(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        identity: &Identity,
+        ttl: Duration,
+    ) -> Result<leasehold::AcquireOutcome, Error> {
+        leasehold::check_key(key).map_err(Error::InvalidKey)?;
+        let (ms, applied) = ttl_ms(ttl);
+        let token = token.encode();
+        let request = Request::Acquire {
+            key,
+            token: &token,
+            ms,
+            identity: identity.as_str(),
+        };
+        Ok(match self.call(&request, replies::acquire).await? {
+            Acquired::Granted(fence) => leasehold::AcquireOutcome::Granted {
+                fence,
+                ttl: applied,
+            },
+            Acquired::HeldByAnother(holder) => leasehold::AcquireOutcome::HeldByAnother(holder),
+        })
+    }
+
+    /// Replaces the expiry of `key` with now + `ttl` (whole ms, rounded up) if
+    /// `token` holds it with `fence`; `Ok` holds `Renewed` (with the TTL applied) or
+    /// `NotOwner`.
+    pub async fn try_renew(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        fence: Fence,
+        ttl: Duration,
+    ) -> Result<leasehold::RenewOutcome, Error> {
+        leasehold::check_key(key).map_err(Error::InvalidKey)?;
+        let (ms, applied) = ttl_ms(ttl);
+        let token = token.encode();
+        let request = Request::Renew {
+            key,
+            token: &token,
+            fence: fence.0,
+            ms,
+        };
+        Ok(if self.call(&request, replies::flag).await? {
+            leasehold::RenewOutcome::Renewed { ttl: applied }
+        } else {
+            leasehold::RenewOutcome::NotOwner
+        })
+    }
+
+    /// Deletes `key` if `token` holds it; `Ok` holds `Released` or `NotOwner`.
+    pub async fn try_release(
+        &self,
+        key: &str,
+        token: OwnerToken,
+    ) -> Result<leasehold::ReleaseOutcome, Error> {
+        leasehold::check_key(key).map_err(Error::InvalidKey)?;
+        let token = token.encode();
+        let request = Request::Release { key, token: &token };
+        Ok(if self.call(&request, replies::flag).await? {
+            leasehold::ReleaseOutcome::Released
+        } else {
+            leasehold::ReleaseOutcome::NotOwner
+        })
+    }
+
+    /// Who holds `key` now, or `None`.
+    pub async fn try_holder(&self, key: &str) -> Result<Option<Holder>, Error> {
+        leasehold::check_key(key).map_err(Error::InvalidKey)?;
+        self.call(&Request::Holder { key }, replies::holder_query)
+            .await
+    }
+
+    /// Runs `request` under the deadline and reads its answer with `answer`.
+    // The `RefCell` borrow spans the request on purpose: it *is* the one-in-flight
+    // rule. A second caller meets `try_borrow_mut`'s error (`Busy`), never a panic.
+    #[allow(clippy::await_holding_refcell_ref)]
+    async fn call<T>(
+        &self,
+        request: &Request<'_>,
+        answer: fn(Reply<'_>) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let mut inner = self.inner.try_borrow_mut().map_err(|_| Error::Busy)?;
+        let len = self.transact(&mut inner, request).await?;
+        let result = match parsed(inner.read.get(..len).unwrap_or(&[]))? {
+            Reply::Error(line) => Err(Error::Server(ServerError::from_line(line))),
+            reply => answer(reply),
+        };
+        if let Err(Error::Protocol(_)) = result {
+            // Not what the script answers: whoever answered, do not ask it again.
+            inner.conn = None;
+        }
+        result
+    }
+
+    /// Sends `request` on a usable connection under the deadline and reads one whole
+    /// reply (its length, at the start of the read buffer); drops the connection
+    /// unless that succeeded. Not generic over the answer: one copy of the state
+    /// machine serves every request (flash on a microcontroller).
+    async fn transact(
+        &self,
+        inner: &mut Inner<F, R, W>,
+        request: &Request<'_>,
+    ) -> Result<usize, Error> {
+        let deadline = self.clock.now().saturating_add(self.request_timeout);
+        let result = before(
+            self.exchange(inner, request),
+            self.clock.sleep_until(deadline),
+        )
+        .await
+        .unwrap_or(Err(Error::Timeout));
+        inner.clean = result.is_ok();
+        if !inner.clean {
+            inner.conn = None;
+        }
+        result
+    }
+
+    async fn exchange(
+        &self,
+        inner: &mut Inner<F, R, W>,
+        request: &Request<'_>,
+    ) -> Result<usize, Error> {
+        if !inner.clean {
+            // The last request was dropped half-way: its answer may still come.
+            inner.conn = None;
+        }
+        // Until this exchange reads its whole answer (`transact` sets it then).
+        inner.clean = false;
+        let Inner {
+            connect,
+            conn,
+            read,
+            write,
+            ..
+        } = inner;
+        let conn = match conn {
+            Some(conn) => conn,
+            None => {
+                let mut fresh = connect.connect().await.map_err(|_| Error::Connect)?;
+                self.connects.set(self.connects.get().wrapping_add(1));
+                if let Some(auth) = self.auth {
+                    Request::Auth(auth).send(&mut fresh, write).await?;
+                    let len = read_reply(&mut fresh, read).await?;
+                    match parsed(read.get(..len).unwrap_or(&[]))? {
+                        Reply::Scalar(Scalar::Simple(b"OK")) => {}
+                        Reply::Error(line) => {
+                            return Err(Error::Server(ServerError::from_line(line)))
+                        }
+                        _ => return Err(Error::Protocol(ProtocolError::Unexpected)),
+                    }
+                }
+                conn.insert(fresh)
+            }
+        };
+        request.send(conn, write).await?;
+        let len = read_reply(conn, read).await?;
+        let Some((source, sha)) = request.script() else {
+            return Ok(len);
+        };
+        if !is_noscript(read.get(..len).unwrap_or(&[])) {
+            return Ok(len);
+        }
+        // Redis forgot the script (a restart, SCRIPT FLUSH, a failover): load it and
+        // ask again, once.
+        self.reloads.set(self.reloads.get().wrapping_add(1));
+        Request::Load { source }.send(conn, write).await?;
+        let loaded = read_reply(conn, read).await?;
+        match parsed(read.get(..loaded).unwrap_or(&[]))? {
+            Reply::Scalar(Scalar::Bulk(Some(answer))) if answer == sha.as_bytes() => {}
+            Reply::Scalar(Scalar::Bulk(Some(_))) => {
+                return Err(Error::Protocol(ProtocolError::WrongSha))
+            }
+            Reply::Error(line) => return Err(Error::Server(ServerError::from_line(line))),
+            _ => return Err(Error::Protocol(ProtocolError::Unexpected)),
+        }
+        request.send(conn, write).await?;
+        read_reply(conn, read).await
+    }
+}
+
+/// The reply `read_reply` found whole at the start of `buf`.
+fn parsed(buf: &[u8]) -> Result<Reply<'_>, Error> {
+    resp::parse(buf)
+        .map(|(reply, _)| reply)
+        .map_err(|_| Error::Protocol(ProtocolError::Malformed))
+}
+
+fn is_noscript(buf: &[u8]) -> bool {
+    matches!(parsed(buf), Ok(Reply::Error(line)) if ServerError::from_line(line).code() == "NOSCRIPT")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_round_up_to_whole_milliseconds_and_never_below_one() {
+        assert_eq!(ttl_ms(Duration::from_millis(300)).0, 300);
+        assert_eq!(
+            ttl_ms(Duration::from_micros(300_001)).1,
+            Duration::from_millis(301)
+        );
+        assert_eq!(ttl_ms(Duration::ZERO).1, Duration::from_millis(1));
+        assert_eq!(ttl_ms(Duration::MAX).0, u64::MAX / 1_000 + 1);
+    }
+
+    /// The bytes of `request` as sent.
+    fn wire(request: Request<'_>) -> std::string::String {
+        struct Sink(std::vec::Vec<u8>);
+        impl embedded_io_async::ErrorType for Sink {
+            type Error = core::convert::Infallible;
+        }
+        impl Write for Sink {
+            async fn write(&mut self, buf: &[u8]) -> Result<usize, Self::Error> {
+                self.0.extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            async fn flush(&mut self) -> Result<(), Self::Error> {
+                Ok(())
+            }
+        }
+        let mut sink = Sink(std::vec::Vec::new());
+        futures::executor::block_on(request.send(&mut sink, &mut [0; 16])).unwrap();
+        std::string::String::from_utf8(sink.0).unwrap()
+    }
+
+    #[test]
+    fn commands_on_the_wire() {
+        let token = leasehold::Owner([0xab; 16])
+            .token(leasehold::Term(0x1c))
+            .encode();
+        let t = token.as_str();
+        let sha = scripts::ACQUIRE_SHA;
+        assert_eq!(
+            wire(Request::Acquire {
+                key: "k",
+                token: &token,
+                ms: 300,
+                identity: "dev"
+            }),
+            std::format!(
+                "*8\r\n$7\r\nEVALSHA\r\n$40\r\n{sha}\r\n$1\r\n2\r\n$3\r\n{{k}}\r\n\
+                 $9\r\n{{k}}:fence\r\n$35\r\n{t}\r\n$3\r\n300\r\n$3\r\ndev\r\n"
+            )
+        );
+        let sha = scripts::RENEW_SHA;
+        assert_eq!(
+            wire(Request::Renew {
+                key: "k",
+                token: &token,
+                fence: u64::MAX,
+                ms: 1
+            }),
+            std::format!(
+                "*6\r\n$7\r\nEVALSHA\r\n$40\r\n{sha}\r\n$1\r\n1\r\n$3\r\n{{k}}\r\n\
+                 $57\r\n{t}\n18446744073709551615\n\r\n$1\r\n1\r\n"
+            )
+        );
+        let sha = scripts::RELEASE_SHA;
+        assert_eq!(
+            wire(Request::Release {
+                key: "k",
+                token: &token
+            }),
+            std::format!(
+                "*5\r\n$7\r\nEVALSHA\r\n$40\r\n{sha}\r\n$1\r\n1\r\n$3\r\n{{k}}\r\n\
+                 $36\r\n{t}\n\r\n"
+            )
+        );
+        assert_eq!(
+            wire(Request::Auth(Auth {
+                user: Some("u"),
+                password: "p"
+            })),
+            "*3\r\n$4\r\nAUTH\r\n$1\r\nu\r\n$1\r\np\r\n"
+        );
+        assert!(wire(Request::Load {
+            source: scripts::RENEW
+        })
+        .starts_with("*3\r\n$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n$"));
+    }
+
+    #[test]
+    fn decimal_lengths() {
+        for n in [0, 9, 10, 99, 100, u64::MAX] {
+            assert_eq!(decimal_len(n), std::format!("{n}").len(), "{n}");
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! The service against a real `redis-server`, through `embedded-io-adapters` over a
+//! tokio `TcpStream`: the conformance suite, restarts, stalls, garbage, refusals.
+//!
+//! The service is single-threaded (`LocalLockService`), so every test runs on a
+//! current-thread runtime.
+
+use std::time::Instant as StdInstant;
+
+use embedded_io_adapters::tokio_1::FromTokio;
+use leasehold::{
+    AcquireOutcome, Duration, Fence, HolderOutcome, Identity, Indeterminate, Owner, OwnerToken,
+    Refusal, ReleaseOutcome, RenewOutcome, Term,
+};
+use leasehold_conformance::{run_all, Capabilities};
+use leasehold_driver::LocalLockService;
+use leasehold_resp::{Auth, Connect, Error, ProtocolError, RespLockService};
+use leasehold_test_support::redis::resp_frame_len;
+use leasehold_test_support::{Proxy, ProxyMode, RedisOptions, RedisServer};
+use leasehold_tokio::LeaseClock;
+use tokio::net::TcpStream;
+
+type Service<'a> = RespLockService<'a, Factory, LeaseClock>;
+
+/// Connects to `127.0.0.1:port` (TCP_NODELAY: a request goes out in one piece).
+#[derive(Clone, Copy)]
+struct Factory(u16);
+
+impl Connect for Factory {
+    type Connection = FromTokio<TcpStream>;
+    type Error = std::io::Error;
+
+    async fn connect(&mut self) -> Result<Self::Connection, Self::Error> {
+        let stream = TcpStream::connect(("127.0.0.1", self.0)).await?;
+        stream.set_nodelay(true)?;
+        Ok(FromTokio::new(stream))
+    }
+}
+
+fn service<'a>(port: u16) -> Service<'a> {
+    RespLockService::new(Factory(port), LeaseClock::start())
+}
+
+fn token(n: u8) -> OwnerToken {
+    Owner([n; 16]).token(Term(1))
+}
+
+fn id(text: &str) -> Identity {
+    Identity::new(text).unwrap()
+}
+
+const TTL: Duration = Duration::from_millis(30_000);
+
+async fn granted(s: &Service<'_>, key: &str, token: OwnerToken) -> Fence {
+    match s.acquire(key, token, &id("test"), TTL).await {
+        AcquireOutcome::Granted { fence, ttl } => {
+            assert_eq!(ttl, TTL);
+            fence
+        }
+        other => panic!("acquire({key:?}): {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn conformance() {
+    let server = RedisServer::start();
+    let s = service(server.port());
+    run_all(&s, &Capabilities::new(Duration::from_millis(300))).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn conformance_with_auth_and_the_smallest_buffers_that_fit() {
+    let server = RedisServer::start_with(RedisOptions {
+        password: Some("s3cret".into()),
+        ..RedisOptions::default()
+    });
+    // 160 bytes hold the longest answer (a 64-byte identity); 1 byte of write buffer
+    // sends every request byte by byte.
+    let s: RespLockService<'_, Factory, LeaseClock, 160, 1> =
+        RespLockService::new(Factory(server.port()), LeaseClock::start()).with_auth(Auth {
+            user: None,
+            password: "s3cret",
+        });
+    run_all(&s, &Capabilities::new(Duration::from_millis(300))).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn credentials_refused_are_unauthorized() {
+    let server = RedisServer::start_with(RedisOptions {
+        password: Some("s3cret".into()),
+        ..RedisOptions::default()
+    });
+    let none = service(server.port());
+    assert_eq!(
+        none.acquire("k", token(1), &id("a"), TTL).await,
+        AcquireOutcome::Refused(Refusal::Unauthorized),
+        "NOAUTH"
+    );
+    let wrong = service(server.port()).with_auth(Auth {
+        user: None,
+        password: "wrong",
+    });
+    assert_eq!(
+        wrong.renew("k", token(1), Fence(1), TTL).await,
+        RenewOutcome::Refused(Refusal::Unauthorized),
+        "WRONGPASS"
+    );
+    let named = service(server.port()).with_auth(Auth {
+        user: Some("default"),
+        password: "s3cret",
+    });
+    granted(&named, "k", token(1)).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn foreign_values_wrong_types_and_invalid_keys_are_refused() {
+    let server = RedisServer::start();
+    let s = service(server.port());
+    assert_eq!(server.inline("LPUSH {list} x").as_deref(), Some(":1\r\n"));
+    assert_eq!(
+        s.acquire("list", token(1), &id("a"), TTL).await,
+        AcquireOutcome::Refused(Refusal::WrongType)
+    );
+    assert_eq!(
+        s.holder("list").await,
+        HolderOutcome::Refused(Refusal::WrongType)
+    );
+    assert_eq!(server.inline("SET {foreign} x").as_deref(), Some("+OK\r\n"));
+    assert_eq!(
+        s.acquire("foreign", token(1), &id("a"), TTL).await,
+        AcquireOutcome::Refused(Refusal::WrongType),
+        "LEASEHOLD"
+    );
+    assert_eq!(
+        s.acquire("a{b}", token(1), &id("a"), TTL).await,
+        AcquireOutcome::Refused(Refusal::InvalidKey)
+    );
+    // The connection stayed usable through the error replies.
+    granted(&s, "fine", token(1)).await;
+    assert_eq!(s.connects(), 1);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn fences_are_exact_beyond_2_pow_53() {
+    let server = RedisServer::start();
+    let s = service(server.port());
+    assert_eq!(
+        server.inline("SET {big}:fence 9007199254740993").as_deref(),
+        Some("+OK\r\n")
+    );
+    assert_eq!(
+        granted(&s, "big", token(1)).await,
+        Fence(9_007_199_254_740_994)
+    );
+    match s.holder("big").await {
+        HolderOutcome::Held(h) => assert_eq!(h.fence, Fence(9_007_199_254_740_994)),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_flushed_script_is_loaded_again() {
+    let server = RedisServer::start();
+    let s = service(server.port());
+    let fence = granted(&s, "k", token(1)).await;
+    assert_eq!(s.script_reloads(), 1, "the first EVALSHA meets NOSCRIPT");
+    assert_eq!(server.inline("SCRIPT FLUSH").as_deref(), Some("+OK\r\n"));
+    assert_eq!(
+        s.renew("k", token(1), fence, TTL).await,
+        RenewOutcome::Renewed { ttl: TTL }
+    );
+    assert_eq!(s.script_reloads(), 2);
+    assert_eq!(s.connects(), 1);
+}
+
+/// `$request`, once more if it met the connection a restart killed
+/// (`Indeterminate(Transport)`): the next one reconnects.
+macro_rules! after_reconnect {
+    ($request:expr, $transport:expr) => {{
+        let first = $request;
+        if first == $transport {
+            let second = $request;
+            assert_ne!(second, $transport, "still failing after reconnecting");
+            second
+        } else {
+            first
+        }
+    }};
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_restart_without_persistence_loses_the_grant_and_the_counter() {
+    let mut server = RedisServer::start();
+    let s = service(server.port());
+    let fence = granted(&s, "k", token(1)).await;
+    server.restart();
+    let renewed = after_reconnect!(
+        s.renew("k", token(1), fence, TTL).await,
+        RenewOutcome::Indeterminate(Indeterminate::Transport)
+    );
+    assert_eq!(
+        renewed,
+        RenewOutcome::NotOwner,
+        "the key is gone: never re-created"
+    );
+    assert_eq!(s.connects(), 2);
+    // Documented for leasehold-redis too: without persistence the counter restarts.
+    assert_eq!(granted(&s, "k", token(2)).await, Fence(1));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_restart_with_aof_keeps_the_grant_and_the_fences() {
+    let mut server = RedisServer::start_with(RedisOptions {
+        appendonly: true,
+        ..RedisOptions::default()
+    });
+    let s = service(server.port());
+    let fence = granted(&s, "k", token(1)).await;
+    server.restart();
+    let renewed = after_reconnect!(
+        s.renew("k", token(1), fence, TTL).await,
+        RenewOutcome::Indeterminate(Indeterminate::Transport)
+    );
+    assert_eq!(renewed, RenewOutcome::Renewed { ttl: TTL });
+    match s.acquire("k", token(2), &id("other"), TTL).await {
+        AcquireOutcome::HeldByAnother(h) => {
+            assert_eq!((h.fence, h.identity), (fence, id("test")));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.release("k", token(1)).await, ReleaseOutcome::Released);
+    assert!(granted(&s, "k", token(2)).await > fence);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_stall_is_a_bounded_timeout_and_the_late_reply_is_never_read() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port()).await;
+    let timeout = Duration::from_millis(200);
+    let s = RespLockService::new(Factory(proxy.port()), LeaseClock::start())
+        .with_request_timeout(timeout);
+    let fence = granted(&s, "k", token(1)).await;
+    proxy.stall();
+    let started = StdInstant::now();
+    assert_eq!(
+        s.holder("k").await,
+        HolderOutcome::Indeterminate(Indeterminate::Timeout)
+    );
+    let took = started.elapsed();
+    assert!(
+        took >= std::time::Duration::from_millis(200) && took < std::time::Duration::from_secs(2),
+        "{took:?}"
+    );
+    // The holder reply held by the stall flows to the old connection once the proxy
+    // resumes; the service has dropped it, so the renewal reads its own answer.
+    proxy.resume();
+    assert_eq!(
+        s.renew("k", token(1), fence, TTL).await,
+        RenewOutcome::Renewed { ttl: TTL }
+    );
+    assert_eq!(s.connects(), 2);
+    // A new connection through a stalled proxy is bounded too.
+    proxy.stall();
+    proxy.cut();
+    let started = StdInstant::now();
+    let outcome = after_reconnect!(
+        s.holder("k").await,
+        HolderOutcome::Indeterminate(Indeterminate::Transport)
+    );
+    assert_eq!(
+        outcome,
+        HolderOutcome::Indeterminate(Indeterminate::Timeout)
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    assert_eq!(s.connects(), 3);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_dropped_request_leaves_the_connection_to_be_made_anew() {
+    let server = RedisServer::start();
+    let s = service(server.port());
+    let fence = granted(&s, "k", token(1)).await;
+    {
+        // Polled once: the request is on the wire, its answer unread.
+        let mut request = std::pin::pin!(s.holder("k"));
+        let polled = std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(std::future::Future::poll(request.as_mut(), cx))
+        })
+        .await;
+        assert!(polled.is_pending());
+    }
+    assert_eq!(
+        s.renew("k", token(1), fence, TTL).await,
+        RenewOutcome::Renewed { ttl: TTL }
+    );
+    assert_eq!(s.connects(), 2);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_second_request_in_flight_is_busy_not_mixed_up() {
+    let server = RedisServer::start();
+    let s = service(server.port());
+    granted(&s, "k", token(1)).await;
+    let first = s.holder("k");
+    let second = s.try_holder("k");
+    let (first, second) = tokio::join!(first, second);
+    assert!(matches!(first, HolderOutcome::Held(_)), "{first:?}");
+    assert_eq!(second, Err(Error::Busy));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn garbage_replies_are_typed_errors_never_grants() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port()).await;
+    let s = service(proxy.port());
+    granted(&s, "warm", token(1)).await;
+    let long = format!("${}\r\n{}\r\n", 300, "x".repeat(300)).into_bytes();
+    for (reply, want) in [
+        (
+            b"*2\r\n:1\r\n$3\r\nabc\r\n".to_vec(),
+            Error::Protocol(ProtocolError::Unexpected),
+        ),
+        (
+            b"+OK\r\n".to_vec(),
+            Error::Protocol(ProtocolError::Unexpected),
+        ),
+        (
+            b"*2\r\n:1\r\n:7\r\n".to_vec(),
+            Error::Protocol(ProtocolError::Unexpected),
+        ),
+        (long, Error::Protocol(ProtocolError::ReplyTooLong)),
+    ] {
+        proxy.set_mode(ProxyMode::RewriteReplies {
+            reply: reply.clone(),
+            frame: resp_frame_len,
+        });
+        let got = s
+            .try_acquire("k", token(2), &id("b"), TTL)
+            .await
+            .unwrap_err();
+        assert_eq!(got, want, "{:?}", String::from_utf8_lossy(&reply));
+        assert_eq!(
+            s.acquire("k", token(2), &id("b"), TTL).await,
+            AcquireOutcome::Indeterminate(Indeterminate::Protocol)
+        );
+    }
+    proxy.set_mode(ProxyMode::RewriteReplies {
+        reply: b"-WRONGTYPE forged\r\n".to_vec(),
+        frame: resp_frame_len,
+    });
+    assert_eq!(
+        s.acquire("k", token(2), &id("b"), TTL).await,
+        AcquireOutcome::Refused(Refusal::WrongType)
+    );
+    proxy.set_mode(ProxyMode::Forward);
+    // The forged replies carried real requests: the acquire of `k` took effect.
+    let held = after_reconnect!(
+        s.holder("k").await,
+        HolderOutcome::Indeterminate(Indeterminate::Protocol)
+    );
+    assert!(
+        matches!(held, HolderOutcome::Held(h) if h.identity == id("b")),
+        "{held:?}"
+    );
+    assert_eq!(s.release("k", token(2)).await, ReleaseOutcome::Released);
+}
