@@ -22,6 +22,7 @@ libraries=(
     "leasehold-embassy adapters/runtime/embassy"
     "leasehold-redis adapters/service/redis"
     "leasehold-etcd adapters/service/etcd"
+    "leasehold-resp adapters/service/resp"
 )
 
 status=0
