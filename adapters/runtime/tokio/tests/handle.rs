@@ -43,12 +43,24 @@ struct Contention {
 async fn contend(fault: Fault) -> Contention {
     let timeline = Timeline::start();
     let service = Recording::new();
-    let a = acquire(service.clone(), KEY, config(900)).await.unwrap();
+    // Fixed owners: B's retry jitter is seeded from its owner, so the timeline is the
+    // same on every run.
+    let a = acquire_with(
+        service.clone(),
+        KEY,
+        config(900),
+        AcquireOptions::new().owner(Owner([0xa; 16])),
+    )
+    .await
+    .unwrap();
     let b_slot: Arc<Mutex<Option<LeaseHandle>>> = Arc::default();
     let b_task = {
         let (service, slot) = (service.clone(), b_slot.clone());
         tokio::spawn(async move {
-            let b = acquire(service, KEY, config(900)).await.unwrap();
+            let options = AcquireOptions::new().owner(Owner([0xb; 16]));
+            let b = acquire_with(service, KEY, config(900), options)
+                .await
+                .unwrap();
             *slot.lock().unwrap() = Some(b);
         })
     };
