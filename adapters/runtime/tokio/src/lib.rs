@@ -12,6 +12,7 @@ mod handle;
 pub mod memory;
 mod shared;
 mod state;
+mod supervise;
 mod task;
 mod time;
 mod trace;
@@ -27,4 +28,5 @@ pub use leasehold::{
 };
 pub use leasehold_driver::LockService;
 pub use state::{LeaseEnd, LeaseState, TimedEvent};
+pub use supervise::{supervise, SuperviseEnd, SuperviseOptions, Term};
 pub use time::LeaseClock;
