@@ -10,11 +10,13 @@
 mod acquire;
 mod handle;
 pub mod memory;
+mod metrics;
 mod shared;
 mod state;
 mod supervise;
 mod task;
 mod time;
+mod timed;
 mod trace;
 
 pub use acquire::{acquire, acquire_with, try_acquire, AcquireError, AcquireOptions};

@@ -10,7 +10,7 @@
 //! this module depends on nothing of the adapter but [`TimedEvent`].
 
 #[cfg(not(feature = "tracing"))]
-use leasehold::OwnerToken;
+use leasehold::{Duration, OwnerToken};
 
 use crate::TimedEvent;
 
@@ -27,12 +27,12 @@ pub(crate) enum ReleaseWhy {
 
 #[cfg(feature = "tracing")]
 mod on {
-    use leasehold::{Event, OwnerToken};
+    use leasehold::{Duration, Event, OwnerToken};
     use tracing::{debug, error, trace, warn};
 
     use super::{ReleaseWhy, TimedEvent};
 
-    pub(crate) fn event(key: &str, token: OwnerToken, timed: &TimedEvent) {
+    pub(crate) fn event(key: &str, token: OwnerToken, timed: &TimedEvent, rtt: Option<Duration>) {
         let at = timed.lease_time;
         match timed.event {
             Event::Acquired {
@@ -48,7 +48,9 @@ mod on {
                 reason,
                 retry_at: None,
             } => debug!(key, %token, %at, %reason, "acquire gave up"),
-            Event::Renewed { deadline } => trace!(key, %token, %at, %deadline, "lease renewed"),
+            Event::Renewed { deadline } => {
+                trace!(key, %token, %at, %deadline, rtt = ?rtt, "lease renewed")
+            }
             Event::RenewFailed {
                 reason,
                 retry_at,
@@ -79,7 +81,7 @@ mod on {
 pub(crate) use on::{driver_stopped, event, release_requested};
 
 #[cfg(not(feature = "tracing"))]
-pub(crate) fn event(_: &str, _: OwnerToken, _: &TimedEvent) {}
+pub(crate) fn event(_: &str, _: OwnerToken, _: &TimedEvent, _: Option<Duration>) {}
 #[cfg(not(feature = "tracing"))]
 pub(crate) fn release_requested(_: &str, _: OwnerToken, _: ReleaseWhy) {}
 #[cfg(not(feature = "tracing"))]
