@@ -49,6 +49,12 @@ async fn drive<S: LockService>(timed: Timed<S>, give_up_at: Instant) {
         shared.release_wanted(),
         |report| shared.publish(report, tokio::time::Instant::now()),
     );
+    // Inside the lease's span (key, holder, fence), with the `tracing` feature.
+    #[cfg(feature = "tracing")]
+    let term = tracing::Instrument::instrument(
+        term,
+        crate::trace::lease_span(&shared.key, &shared.identity),
+    );
     // Awaited apart from the call, so the call's temporaries do not take room in the
     // task next to the loop's own future.
     let _ = term.await;
@@ -77,7 +83,8 @@ mod tests {
     /// holder identity (64 bytes in the request, the shared state and the last
     /// holder seen) took the task from 832 to 888 B and the shared state from 288 to
     /// 440 B; the renewal send instant (for the round trip in metrics and tracing) took
-    /// the shared state to 448 B.
+    /// the shared state to 448 B; the lease's `tracing` span (feature `tracing`, on by
+    /// default) adds 40 B to the task, which runs inside it.
     #[tokio::test]
     async fn a_lease_task_and_its_shared_state_stay_small() {
         let config = Config::builder(Duration::from_secs(3)).build().unwrap();
@@ -95,7 +102,8 @@ mod tests {
         let task = super::drive(timed, Instant::MAX);
         let (task, shared) = (size_of_val(&task), size_of::<Shared>());
         println!("driver task future: {task} B, shared state: {shared} B");
-        assert!(task <= 896, "driver task future is {task} B");
+        let limit = if cfg!(feature = "tracing") { 928 } else { 896 };
+        assert!(task <= limit, "driver task future is {task} B");
         assert!(shared <= 448, "shared state is {shared} B");
     }
 }
