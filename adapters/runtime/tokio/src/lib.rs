@@ -8,6 +8,7 @@
 #![doc = document_features::document_features!()]
 
 mod acquire;
+mod election;
 mod handle;
 pub mod memory;
 mod metrics;
@@ -20,6 +21,7 @@ mod timed;
 mod trace;
 
 pub use acquire::{acquire, acquire_with, try_acquire, AcquireError, AcquireOptions};
+pub use election::{Election, Leader, LeaderInfo, ObserveError};
 // The core and driver types a tokio user needs, so that `leasehold-tokio` (plus a
 // service crate) is the only dependency to add.
 pub use handle::{CheckError, LeaseHandle};
