@@ -11,7 +11,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
-use leasehold::{Config, Fence, Identity, LossReason, Owner};
+use leasehold::{Config, Fence, Identity, Owner};
 use leasehold_driver::LockService;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -114,10 +114,10 @@ impl fmt::Display for SuperviseEnd {
 ///   Storage that admits only the newest fence rejects a previous term's late writes.
 /// * **Back-off**: the acquire waits and retries as the core decides (jittered
 ///   around the config's `retry_interval`, seeded per owner, so contenders do not
-///   retry in lock step). After a lost term the loop first waits one such jittered
-///   interval (between half and one and a half `retry_interval`, derived from the
-///   lost term's random owner), so a lease that is granted and lost at once cannot
-///   spin.
+///   retry in lock step). After a term ends (lost, or released by the job through
+///   its handle) the loop first waits one such jittered interval (between half and
+///   one and a half `retry_interval`, derived from the ended term's random owner),
+///   so a lease that is granted and lost at once cannot spin.
 /// * **Shutdown** (`shutdown` completes): writes stop and the job's token fires at
 ///   once, the job is awaited (aborted after the grace), the key is released (best
 ///   effort, bounded by the request timeout). During an acquire, the acquire is
@@ -218,23 +218,22 @@ where
                 let ((), _) = tokio::join!(stop(running, &token, grace), release);
                 return SuperviseEnd::Shutdown;
             }
-            Some(LeaseEnd::Lost(reason)) => {
-                stop(running, &token, grace).await;
-                let owner = handle.owner();
-                drop(handle);
-                let pause = backoff(config, owner, reason);
-                tokio::select! {
-                    () = &mut shutdown => return SuperviseEnd::Shutdown,
-                    () = tokio::time::sleep(pause) => {}
-                }
-            }
             Some(LeaseEnd::DriverStopped) => {
                 stop(running, &token, grace).await;
                 return SuperviseEnd::Failed(AcquireError::DriverStopped);
             }
-            // Released: only this loop releases (the job's handle clone could, too);
-            // either way the term is over; stop the job and take a new term.
-            Some(_) => stop(running, &token, grace).await,
+            // Lost, or released by the job through its handle (only the job can: this
+            // loop releases only on its way out). Either way the term is over: stop
+            // the job, pause, take a new term.
+            Some(_) => {
+                stop(running, &token, grace).await;
+                let owner = handle.owner();
+                drop(handle);
+                tokio::select! {
+                    () = &mut shutdown => return SuperviseEnd::Shutdown,
+                    () = tokio::time::sleep(backoff(config, owner)) => {}
+                }
+            }
         }
     }
 }
@@ -253,11 +252,11 @@ async fn stop(mut running: JoinHandle<()>, token: &CancellationToken, grace: std
     }
 }
 
-/// The pause after a lost term: `retry_interval` times a factor in [0.5, 1.5),
+/// The pause after a term that ended (lost, or released by the job): `retry_interval` times a factor in [0.5, 1.5),
 /// derived from the lost term's random owner (so two supervisors that lost at the
 /// same moment do not come back in lock step). Not a policy of its own: the same
 /// range as the core's acquire retries.
-fn backoff(config: Config, owner: Owner, _reason: LossReason) -> std::time::Duration {
+fn backoff(config: Config, owner: Owner) -> std::time::Duration {
     let [a, b, c, d, ..] = owner.0;
     let mut x = u32::from_le_bytes([a, b, c, d]) | 1;
     // Murmur3's finaliser, so that owners close together spread out.
@@ -273,7 +272,7 @@ fn backoff(config: Config, owner: Owner, _reason: LossReason) -> std::time::Dura
 
 #[cfg(test)]
 mod tests {
-    use leasehold::{Config, Duration, LossReason, Owner};
+    use leasehold::{Config, Duration, Owner};
 
     #[test]
     fn the_backoff_stays_within_half_and_one_and_a_half_retry_intervals() {
@@ -283,7 +282,7 @@ mod tests {
         for i in 0..1000_u32 {
             let mut bytes = [0; 16];
             bytes[..4].copy_from_slice(&i.to_le_bytes());
-            let pause = super::backoff(config, Owner(bytes), LossReason::Expired);
+            let pause = super::backoff(config, Owner(bytes));
             assert!(pause >= retry / 2 && pause < retry * 3 / 2, "{pause:?}");
             seen.insert(pause.as_millis());
         }

@@ -284,3 +284,41 @@ async fn a_bounded_wait_on_a_held_key_ends_as_busy() {
         "{end:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_job_that_releases_its_lease_gets_a_new_term_after_a_jittered_pause() {
+    let timeline = Timeline::start();
+    let service = Arc::new(MemoryService::new());
+    let started: Arc<Mutex<Vec<(u32, u64, Fence)>>> = Arc::default();
+    let end = supervise(
+        service.clone(),
+        KEY,
+        config(900),
+        SuperviseOptions::new(),
+        timeline.until(1_000),
+        |term: Term| {
+            let started = started.clone();
+            async move {
+                started
+                    .lock()
+                    .unwrap()
+                    .push((term.number, timeline.now_us(), term.fence));
+                if term.number == 1 {
+                    tokio::time::sleep(ms(100)).await;
+                    term.handle.release().await;
+                }
+                term.token.cancelled().await;
+            }
+        },
+    )
+    .await;
+    assert_eq!(end, SuperviseEnd::Shutdown);
+    let started = started.lock().unwrap().clone();
+    assert_eq!(started.len(), 2, "{started:?}");
+    let pause = started[1].1 - 100_000;
+    // config(900): retry_interval 45 ms, the pause is within [22.5, 67.5) ms (+1 ms
+    // of tokio's timer rounding).
+    assert!((22_500..=68_500).contains(&pause), "paused {pause} µs");
+    assert!(started[1].2 > started[0].2);
+    assert!(service.grant(KEY).is_none());
+}
