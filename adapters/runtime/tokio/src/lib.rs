@@ -8,15 +8,20 @@
 #![doc = document_features::document_features!()]
 
 mod acquire;
+mod election;
 mod handle;
 pub mod memory;
+mod metrics;
 mod shared;
 mod state;
+mod supervise;
 mod task;
 mod time;
+mod timed;
 mod trace;
 
 pub use acquire::{acquire, acquire_with, try_acquire, AcquireError, AcquireOptions};
+pub use election::{Election, Leader, LeaderInfo, ObserveError};
 // The core and driver types a tokio user needs, so that `leasehold-tokio` (plus a
 // service crate) is the only dependency to add.
 pub use handle::{CheckError, LeaseHandle};
@@ -27,4 +32,5 @@ pub use leasehold::{
 };
 pub use leasehold_driver::LockService;
 pub use state::{LeaseEnd, LeaseState, TimedEvent};
+pub use supervise::{supervise, SuperviseEnd, SuperviseOptions, Term};
 pub use time::LeaseClock;

@@ -8,20 +8,24 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 
 use futures_util::task::AtomicWaker;
 
 use leasehold::{
-    AcquireFailure, Config, Event, Fence, Holder, Identity, Owner, OwnerToken, Term, WriteGate,
+    AcquireFailure, Config, Duration, Event, Fence, Holder, Identity, Instant, Owner, OwnerToken,
+    Term, WriteGate,
 };
 use leasehold_driver::Report;
 use tokio::sync::{broadcast, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::{trace, LeaseClock, LeaseEnd, LeaseState, TimedEvent};
+use crate::{metrics, trace, LeaseClock, LeaseEnd, LeaseState, TimedEvent};
+
+/// [`Shared::renewal_sent`] before any renewal was sent.
+const NOT_SENT: u64 = u64::MAX;
 
 /// How many events a late [`events`](crate::LeaseHandle::events) subscriber can lag
 /// behind before it misses some.
@@ -50,6 +54,9 @@ pub(crate) struct Shared {
     pub(crate) identity: Identity,
     /// A [`stop`] value: raised by a release request or the driver's end.
     stop: AtomicU8,
+    /// When the latest renewal was sent, µs on the lease's clock ([`NOT_SENT`] before
+    /// the first): the start of the round trip a `Renewed` event ends.
+    renewal_sent: AtomicU64,
     /// Live [`LeaseHandle`](crate::LeaseHandle)s; the last one to go releases.
     pub(crate) handles: AtomicUsize,
     /// Wakes the driver for a release; the driver's release future is
@@ -73,6 +80,8 @@ struct Status {
     not_acquired: Option<AcquireFailure>,
     /// The holder named by the latest "held by another" answer.
     last_holder: Option<Holder>,
+    /// The lease is counted in the "leases held" gauge (granted, not yet ended).
+    counted_held: bool,
     /// Created on first request, so that leases nobody observes stay small.
     token: Option<CancellationToken>,
     watch: Option<watch::Sender<LeaseState>>,
@@ -95,6 +104,7 @@ impl Shared {
             owner,
             identity,
             stop: AtomicU8::new(stop::NONE),
+            renewal_sent: AtomicU64::new(NOT_SENT),
             handles: AtomicUsize::new(0),
             release_waker: AtomicWaker::new(),
             changed: Notify::new(),
@@ -105,6 +115,7 @@ impl Shared {
                 granted: None,
                 not_acquired: None,
                 last_holder: None,
+                counted_held: false,
                 token: None,
                 watch: None,
                 events: None,
@@ -155,6 +166,19 @@ impl Shared {
 
     pub(crate) fn finished(&self) -> bool {
         self.status().finished
+    }
+
+    /// A renewal is being sent at `at` (see [`Timed`](crate::timed::Timed)).
+    pub(crate) fn renewal_sent(&self, at: Instant) {
+        self.renewal_sent.store(at.as_micros(), Ordering::Relaxed);
+    }
+
+    /// The round trip of a renewal confirmed at `answered`: since the latest send.
+    fn renewal_rtt(&self, answered: Instant) -> Option<Duration> {
+        match self.renewal_sent.load(Ordering::Relaxed) {
+            NOT_SENT => None,
+            sent => answered.checked_duration_since(Instant::from_micros(sent)),
+        }
     }
 
     // ----- observers -----
@@ -255,7 +279,12 @@ impl Shared {
             lease_time: self.clock.to_lease(at),
             event,
         };
-        trace::event(&self.key, self.token(), &timed);
+        let rtt = match event {
+            Event::Renewed { .. } => self.renewal_rtt(timed.lease_time),
+            _ => None,
+        };
+        trace::event(&self.key, self.token(), &timed, rtt);
+        metrics::event(&self.key, &timed, rtt);
         {
             let mut status = self.status();
             let next = match event {
@@ -266,6 +295,10 @@ impl Shared {
                     ..
                 } => {
                     status.granted = Some((fence, term));
+                    if status.end.is_none() && !status.counted_held {
+                        status.counted_held = true;
+                        metrics::held(1.0);
+                    }
                     Some(LeaseState::Holding { fence, deadline })
                 }
                 Event::AcquireFailed {
@@ -326,6 +359,7 @@ impl Shared {
         };
         if stopped {
             trace::driver_stopped(&self.key, self.token());
+            metrics::driver_stopped();
         }
         self.changed.notify_waiters();
     }
@@ -353,6 +387,10 @@ impl Future for ReleaseWanted<'_> {
 fn end_once(status: &mut Status, end: LeaseEnd) {
     if status.end.is_none() {
         status.end = Some(end);
+    }
+    if status.counted_held {
+        status.counted_held = false;
+        metrics::held(-1.0);
     }
     if let Some(token) = &status.token {
         token.cancel();

@@ -1,16 +1,24 @@
-//! `tracing` events, in one place so the `tracing` feature switches them all.
+//! `tracing` events and the lease span, in one place so the `tracing` feature switches
+//! them all.
 //!
-//! Levels: a grant, a release and a failed acquire attempt are `debug`; a confirmed
-//! renewal is `trace` (it is the steady state, every T/3); a renewal that failed and is
-//! being retried is `warn`; a loss and a driver gone before the term ended are `error`
-//! (writes stopped, a caller may be mid-work). Every event carries the key, the owner
-//! token and, once granted, the fence.
+//! Every lease's driver runs inside a span `lease` with the key, the holder identity
+//! and, once granted, the fence. Events have the crate as their target
+//! (`leasehold_tokio`, whatever module emits them), so one filter directive covers
+//! them. Times are durations a person can read (`deadline_in=854.1ms`, `rtt=10ms`),
+//! relative to the event: the subscriber stamps the event itself, and the lease's own
+//! clock (microseconds since it started) means nothing outside it.
+//!
+//! Levels: a grant, a release and an acquire that gave up are `info`; a confirmed
+//! renewal (with its round trip) and a retried acquire attempt are `debug` (the steady
+//! state, every T/3); a renewal that failed and is being retried is `warn`; a loss
+//! and a driver gone before the term ended are `error` (writes stopped, a caller may
+//! be mid-work) — all visible under an `info` filter.
 //!
 //! The functions take plain values (key, token), not the lease's shared state, so
 //! this module depends on nothing of the adapter but [`TimedEvent`].
 
 #[cfg(not(feature = "tracing"))]
-use leasehold::OwnerToken;
+use leasehold::{Duration, OwnerToken};
 
 use crate::TimedEvent;
 
@@ -27,59 +35,116 @@ pub(crate) enum ReleaseWhy {
 
 #[cfg(feature = "tracing")]
 mod on {
-    use leasehold::{Event, OwnerToken};
-    use tracing::{debug, error, trace, warn};
+    use leasehold::{Duration, Event, Identity, Instant, OwnerToken};
+    use tracing::{debug, error, info, warn, Span};
 
     use super::{ReleaseWhy, TimedEvent};
 
-    pub(crate) fn event(key: &str, token: OwnerToken, timed: &TimedEvent) {
+    /// The target of every event: the crate, not the module.
+    const TARGET: &str = "leasehold_tokio";
+
+    /// `later − now` as a std duration, whose `Debug` reads `854.1ms`, `1.5s`.
+    fn until(now: Instant, later: Instant) -> std::time::Duration {
+        later
+            .checked_duration_since(now)
+            .unwrap_or(Duration::ZERO)
+            .into()
+    }
+
+    fn human(d: Duration) -> std::time::Duration {
+        d.into()
+    }
+
+    /// The span a lease's driver runs in; the fence is recorded at the grant.
+    pub(crate) fn lease_span(key: &str, identity: &Identity) -> Span {
+        tracing::info_span!(
+            target: TARGET,
+            "lease",
+            key,
+            holder = %identity,
+            fence = tracing::field::Empty
+        )
+    }
+
+    /// Called from the driver, inside the lease's span.
+    pub(crate) fn event(key: &str, token: OwnerToken, timed: &TimedEvent, rtt: Option<Duration>) {
         let at = timed.lease_time;
         match timed.event {
             Event::Acquired {
-                fence, deadline, ..
-            } => debug!(key, %token, %at, fence = fence.0, %deadline, "lease acquired"),
-            Event::AcquireFailed {
-                reason,
-                retry_at: Some(retry_at),
+                fence,
+                deadline,
+                granted,
+                ..
             } => {
-                debug!(key, %token, %at, %reason, %retry_at, "acquire attempt failed, retrying")
+                Span::current().record("fence", fence.0);
+                info!(
+                    target: TARGET,
+                    key, %token, fence = fence.0, ttl = ?human(granted),
+                    deadline_in = ?until(at, deadline),
+                    waited = ?until(Instant::ZERO, at),
+                    "lease acquired"
+                );
             }
             Event::AcquireFailed {
                 reason,
+                retry_at: Some(retry_at),
+            } => debug!(
+                target: TARGET,
+                key, %token, %reason, retry_in = ?until(at, retry_at),
+                "acquire attempt failed, retrying"
+            ),
+            Event::AcquireFailed {
+                reason,
                 retry_at: None,
-            } => debug!(key, %token, %at, %reason, "acquire gave up"),
-            Event::Renewed { deadline } => trace!(key, %token, %at, %deadline, "lease renewed"),
+            } => info!(
+                target: TARGET,
+                key, %token, %reason, waited = ?until(Instant::ZERO, at),
+                "acquire gave up"
+            ),
+            Event::Renewed { deadline } => debug!(
+                target: TARGET,
+                key, %token, rtt = rtt.map(|d| tracing::field::debug(human(d))),
+                deadline_in = ?until(at, deadline),
+                "lease renewed"
+            ),
             Event::RenewFailed {
                 reason,
                 retry_at,
                 deadline,
                 writes_paused,
             } => warn!(
-                key, %token, %at, %reason, retry_at = ?retry_at, %deadline, writes_paused,
+                target: TARGET,
+                key, %token, %reason,
+                retry_in = retry_at.map(|r| tracing::field::debug(until(at, r))),
+                deadline_in = ?until(at, deadline), writes_paused,
                 "renewal failed, retrying inside the remaining budget"
             ),
             Event::Lost { reason } => {
-                error!(key, %token, %at, %reason, "lease lost: writes stopped")
+                error!(target: TARGET, key, %token, %reason, "lease lost: writes stopped")
             }
-            Event::Released => debug!(key, %token, %at, "lease released"),
-            _ => debug!(key, %token, %at, event = ?timed.event, "lease event"),
+            Event::Released => info!(target: TARGET, key, %token, "lease released"),
+            _ => debug!(target: TARGET, key, %token, event = ?timed.event, "lease event"),
         }
     }
 
     pub(crate) fn release_requested(key: &str, token: OwnerToken, why: ReleaseWhy) {
-        debug!(key, %token, ?why, "release requested: writes stopped");
+        debug!(target: TARGET, key, %token, ?why, "release requested: writes stopped");
     }
 
     pub(crate) fn driver_stopped(key: &str, token: OwnerToken) {
-        error!(key, %token, "lease driver stopped before the term ended: writes stopped");
+        error!(
+            target: TARGET,
+            key, %token,
+            "lease driver stopped before the term ended: writes stopped"
+        );
     }
 }
 
 #[cfg(feature = "tracing")]
-pub(crate) use on::{driver_stopped, event, release_requested};
+pub(crate) use on::{driver_stopped, event, lease_span, release_requested};
 
 #[cfg(not(feature = "tracing"))]
-pub(crate) fn event(_: &str, _: OwnerToken, _: &TimedEvent) {}
+pub(crate) fn event(_: &str, _: OwnerToken, _: &TimedEvent, _: Option<Duration>) {}
 #[cfg(not(feature = "tracing"))]
 pub(crate) fn release_requested(_: &str, _: OwnerToken, _: ReleaseWhy) {}
 #[cfg(not(feature = "tracing"))]
