@@ -194,6 +194,7 @@ impl Model for LeaseModel {
                         Wire::Renew { .. } => &[
                             Variant::Longer,
                             Variant::Short,
+                            Variant::Disown,
                             Variant::Refuse,
                             Variant::Unknown,
                         ],

@@ -27,6 +27,11 @@ pub enum Variant {
     /// A renewal applies what was asked but *answers* one tick less: the contract's
     /// breach (a PTTL read-back), which the client must answer by ending the term.
     Short,
+    /// A renewal is answered NOT_OWNER but the key is kept: what a client sees when a
+    /// failover lost the key, without the model losing it (which would break property
+    /// (a) by construction). The client must end the term on receipt, also when the
+    /// answer is to an older renewal that arrives after a newer one succeeded.
+    Disown,
     /// A final refusal (credentials revoked).
     Refuse,
     /// A service error: the outcome is unknown (the request was still carried out).
@@ -117,6 +122,7 @@ impl Service {
             Wire::Renew {
                 term, fence, ttl, ..
             } => match self.key {
+                Some(_) if variant == Variant::Disown => Ans::NotOwner(Kind::Renew),
                 Some(ref mut held)
                     if held.client == client && held.term == term && held.fence == fence =>
                 {
