@@ -79,7 +79,10 @@ impl Client {
 
     /// Whether a timer of the lease is due at `now`.
     pub fn timer_due(&self, now: u8) -> bool {
-        self.lease.0.poll_timeout().is_some_and(|at| at <= local(now))
+        self.lease
+            .0
+            .poll_timeout()
+            .is_some_and(|at| at <= local(now))
     }
 
     /// Runs one call on the lease with a fresh gate, keeps the gate if the lease

@@ -81,7 +81,19 @@ impl fmt::Display for Sys {
                 write!(f, "; paused until {}", c.paused_until)?;
             }
         }
-        write!(f, " | service {:?} | net {:?}", self.service.key, self.net)
+        match self.service.live(self.now) {
+            Some(g) => write!(
+                f,
+                " | service: c{} term {} fence {} expires {}",
+                g.client, g.term, g.fence, g.expiry
+            )?,
+            None => write!(f, " | service: free")?,
+        }
+        write!(f, " | net:")?;
+        for m in &self.net {
+            write!(f, " {m}")?;
+        }
+        Ok(())
     }
 }
 
@@ -111,12 +123,12 @@ impl Sys {
     }
 
     fn tick_allowed(&self, p: &Params) -> bool {
-        let clients_done = self.clients.iter().all(|c| {
-            !c.awake(self.now) || (!c.wants_acquire() && !c.timer_due(self.now))
-        });
+        let clients_done = self
+            .clients
+            .iter()
+            .all(|c| !c.awake(self.now) || (!c.wants_acquire() && !c.timer_due(self.now)));
         let net_done = self.net.iter().all(|m| {
-            !self.receiver_awake(m)
-                || (m.late && m.sent.saturating_add(p.late_ticks) > self.now)
+            !self.receiver_awake(m) || (m.late && m.sent.saturating_add(p.late_ticks) > self.now)
         });
         clients_done && net_done
     }

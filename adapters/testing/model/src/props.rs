@@ -36,17 +36,21 @@ pub fn admitting(s: &Sys) -> usize {
 pub fn all() -> Vec<Property<LeaseModel>> {
     vec![
         Property::always(GATE_BEFORE_EXPIRY, |_, s: &Sys| {
-            s.clients.iter().enumerate().all(|(i, c)| {
-                match c.gate.admits(local(s.now)) {
+            s.clients
+                .iter()
+                .enumerate()
+                .all(|(i, c)| match c.gate.admits(local(s.now)) {
                     None => true,
-                    Some(fence) => s.service.live(s.now).is_some_and(|g| {
-                        usize::from(g.client) == i && g.fence == fence.0
-                    }),
-                }
-            })
+                    Some(fence) => s
+                        .service
+                        .live(s.now)
+                        .is_some_and(|g| usize::from(g.client) == i && g.fence == fence.0),
+                })
         }),
         Property::always(STORAGE_MONOTONIC, |_, s: &Sys| !s.storage_went_back),
-        Property::always(NO_RELAPSE, |_, s: &Sys| s.clients.iter().all(|c| !c.relapsed)),
+        Property::always(NO_RELAPSE, |_, s: &Sys| {
+            s.clients.iter().all(|c| !c.relapsed)
+        }),
         Property::always(ONE_WRITER, |_, s: &Sys| admitting(s) <= 1),
         Property::always(ENDING_ANSWER_CLOSES, |_, s: &Sys| {
             s.clients.iter().all(|c| {

@@ -116,7 +116,7 @@ pub fn describe(state: &Sys, step: Step) -> String {
         state
             .net
             .get(usize::from(k))
-            .map(|m| format!("{:?} (client {}, sent t={})", m.body, m.client, m.sent))
+            .map(|m| m.to_string())
             .unwrap_or_default()
     };
     match step {

@@ -76,7 +76,13 @@ impl Service {
 
     /// Handles a request from `client` at tick `now`; returns the answer, or `None`
     /// for something that is not a request.
-    pub fn handle(&mut self, now: u8, client: u8, req: Wire, variant: Variant) -> Option<(u64, Ans)> {
+    pub fn handle(
+        &mut self,
+        now: u8,
+        client: u8,
+        req: Wire,
+        variant: Variant,
+    ) -> Option<(u64, Ans)> {
         self.expire(now);
         let at = |ttl: u64| now.saturating_add(u8::try_from(ttl).unwrap_or(u8::MAX));
         let (id, kind) = match req {

@@ -4,8 +4,8 @@
 //! turns it into a real [`Response`] when a client receives it.
 
 use leasehold::{
-    AcquireOutcome, Fence, Holder, Identity, Indeterminate, Refusal, ReleaseOutcome,
-    RenewOutcome, Response,
+    AcquireOutcome, Fence, Holder, Identity, Indeterminate, Refusal, ReleaseOutcome, RenewOutcome,
+    Response,
 };
 
 use crate::params::ticks;
@@ -149,5 +149,45 @@ impl Ans {
             Ans::Indeterminate(Kind::Release) => ReleaseOutcome::Indeterminate(unknown).into(),
             Ans::Released => ReleaseOutcome::Released.into(),
         }
+    }
+}
+
+/// `#term.seq` of a request id.
+struct Id(u64);
+
+impl std::fmt::Display for Id {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "#{}.{}", self.0 >> 32, self.0 & 0xffff_ffff)
+    }
+}
+
+impl std::fmt::Display for Wire {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Wire::Acquire { id, ttl, .. } => write!(f, "acquire{} ttl {ttl}", Id(id)),
+            Wire::Renew { id, fence, ttl, .. } => {
+                write!(f, "renew{} fence {fence} ttl {ttl}", Id(id))
+            }
+            Wire::Release { id, .. } => write!(f, "release{}", Id(id)),
+            Wire::Answer { id, ans } => write!(f, "answer{} {ans:?}", Id(id)),
+        }
+    }
+}
+
+impl std::fmt::Display for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let dir = if self.body.is_request() {
+            "c→s"
+        } else {
+            "s→c"
+        };
+        write!(
+            f,
+            "[{dir}{} t{}{} {}]",
+            self.client,
+            self.sent,
+            if self.late { " late" } else { "" },
+            self.body
+        )
     }
 }
