@@ -14,5 +14,5 @@ if ! cargo hack --version >/dev/null 2>&1; then
     echo "  installing cargo-hack"
     cargo install cargo-hack --locked -q
 fi
-cargo hack check --workspace --each-feature --all-targets --locked -q
+cargo hack check --workspace --each-feature --all-targets --keep-going --locked -q
 echo "features: every crate compiles with each feature alone, none, and its defaults"

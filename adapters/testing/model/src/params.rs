@@ -77,9 +77,10 @@ impl Params {
         grant_max: 0,
     };
 
-    /// The deep run: 3 clients.
+    /// The deep run: 3 clients, the full 9-tick grant only.
     pub const DEEP: Params = Params {
         clients: 3,
+        grant_max: 9,
         ..Params::CI
     };
 
