@@ -7,7 +7,10 @@
 # binutils), then runs: fmt, clippy, the tests (real servers are started by the tests
 # themselves on free loopback ports; every lock service runs the conformance suite),
 # the loom models, the no_std target builds, the firmware builds with their size table,
-# the docs with warnings denied, and `cargo publish --dry-run` of every library crate.
+# the exhaustive model check (2 clients) and its mutations, every crate with each
+# feature, every published crate with the Rust it declares (rustup installs the
+# toolchains), the docs with warnings denied, and `cargo publish --dry-run` of every
+# library crate.
 # Each stage is a script in scripts/; run one alone with e.g. `bash scripts/loom.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +33,9 @@ stage redis-tls bash -c "cargo clippy -q -p leasehold-redis --all-targets --feat
 stage loom bash scripts/loom.sh
 stage no_std bash scripts/no-std.sh
 stage embassy bash scripts/embassy.sh
+stage model bash scripts/model.sh
+stage features bash scripts/features.sh
+stage msrv bash scripts/msrv.sh
 stage docs env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 stage publish bash scripts/publish-check.sh
 echo "::: all checks passed in ${SECONDS} s"
