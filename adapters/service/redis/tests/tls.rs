@@ -4,99 +4,15 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::Command;
-
 use leasehold::{Fence, Owner, Term};
 use leasehold_redis::{Acquired, RedisLockError, RedisLockService, Released, Renewed};
 
 use common::*;
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let status = Command::new(binary("openssl", "openssl").unwrap_or_else(|e| panic!("{e}")))
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("run openssl");
-    assert!(
-        status.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&status.stderr)
-    );
-}
-
-/// A CA and a server certificate for 127.0.0.1, signed by it.
-fn make_certs(dir: &Path) -> TlsFiles {
-    std::fs::create_dir_all(dir).unwrap();
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-subj",
-            "/CN=leasehold test CA",
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=127.0.0.1",
-        ],
-    );
-    std::fs::write(
-        dir.join("san.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-out",
-            "server.crt",
-            "-extfile",
-            "san.ext",
-        ],
-    );
-    TlsFiles {
-        cert: dir.join("server.crt"),
-        key: dir.join("server.key"),
-        ca: dir.join("ca.crt"),
-    }
-}
-
 #[test]
 fn rediss_with_a_private_ca_and_a_password() {
     let dir = scratch_dir("redis-tls");
-    let tls = make_certs(dir.path());
+    let tls = TlsFiles::generate(dir.path());
     let server = RedisServer::start_with(RedisOptions {
         password: Some("tls-secret".into()),
         tls: Some(tls.clone()),

@@ -47,6 +47,93 @@ pub struct TlsFiles {
     pub ca: PathBuf,
 }
 
+impl TlsFiles {
+    /// Makes a private CA and a certificate for `127.0.0.1` and `localhost` signed by
+    /// it, in `dir`, with the `openssl` command (Debian package `openssl`). Valid for a
+    /// day: for tests.
+    pub fn generate(dir: &Path) -> TlsFiles {
+        std::fs::create_dir_all(dir).expect("create the certificate directory");
+        openssl(
+            dir,
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+                "-subj",
+                "/CN=leasehold test CA",
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=127.0.0.1",
+            ],
+        );
+        std::fs::write(
+            dir.join("san.ext"),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+        )
+        .expect("write san.ext");
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "1",
+                "-out",
+                "server.crt",
+                "-extfile",
+                "san.ext",
+            ],
+        );
+        TlsFiles {
+            cert: dir.join("server.crt"),
+            key: dir.join("server.key"),
+            ca: dir.join("ca.crt"),
+        }
+    }
+}
+
+/// Runs `openssl args` in `dir`; panics with its error output if it fails.
+fn openssl(dir: &Path, args: &[&str]) {
+    let openssl = binary("openssl", "openssl").unwrap_or_else(|e| panic!("{e}"));
+    let output = Command::new(openssl)
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("run openssl");
+    assert!(
+        output.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 /// A running (or stopped) `redis-server`, killed when dropped.
 ///
 /// Every restart keeps the port and the directory, so clients reconnect to the
