@@ -510,27 +510,7 @@ fn both_keys_live_in_one_cluster_slot() {
         // …and runs ours.
         let service = service(&server.url()).await;
         let a = token(1, 1);
-        assert!(matches!(
-            service
-                .try_acquire("orders", a, &id("c"), ms(1_000))
-                .await
-                .unwrap(),
-            Acquired::Granted {
-                fence: Fence(1),
-                ..
-            }
-        ));
-        assert!(matches!(
-            service
-                .try_renew("orders", a, Fence(1), ms(1_000))
-                .await
-                .unwrap(),
-            Renewed::Renewed { .. }
-        ));
-        assert_eq!(
-            service.try_holder("orders").await.unwrap().unwrap().fence,
-            Fence(1)
-        );
+        grant_renew_and_find_fence_1(&service, "orders", a, &id("c")).await;
         assert_eq!(
             service.raise_fence("orders", Fence(5)).await.unwrap(),
             Fence(5)

@@ -4,8 +4,8 @@
 
 mod common;
 
-use leasehold::{Fence, Owner, Term};
-use leasehold_redis::{Acquired, RedisLockError, RedisLockService, Released, Renewed};
+use leasehold::{Owner, Term};
+use leasehold_redis::{RedisLockError, RedisLockService, Released};
 
 use common::*;
 
@@ -28,27 +28,7 @@ fn rediss_with_a_private_ca_and_a_password() {
             .await
             .expect("TLS connection with the private CA");
         let token = Owner([7; 16]).token(Term(1));
-        assert!(matches!(
-            service
-                .try_acquire("tls", token, &leasehold::Identity::EMPTY, ms(1_000))
-                .await
-                .unwrap(),
-            Acquired::Granted {
-                fence: Fence(1),
-                ..
-            }
-        ));
-        assert!(matches!(
-            service
-                .try_renew("tls", token, Fence(1), ms(1_000))
-                .await
-                .unwrap(),
-            Renewed::Renewed { .. }
-        ));
-        assert_eq!(
-            service.try_holder("tls").await.unwrap().map(|h| h.fence),
-            Some(Fence(1))
-        );
+        grant_renew_and_find_fence_1(&service, "tls", token, &leasehold::Identity::EMPTY).await;
         assert_eq!(
             service.try_release("tls", token).await.unwrap(),
             Released::Released

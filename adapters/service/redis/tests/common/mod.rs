@@ -12,10 +12,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration as StdDuration;
 
 use leasehold::{
-    Config, Duration, Event, Fence, Identity, Instant, Lease, LossReason, Owner, WriteGate,
+    Config, Duration, Event, Fence, Identity, Instant, Lease, LossReason, Owner, OwnerToken,
+    WriteGate,
 };
 use leasehold_driver::{run_term, Clock, Report, Target, TermEnd};
-use leasehold_redis::RedisLockService;
+use leasehold_redis::{Acquired, RedisLockService, Renewed};
 use redis::aio::MultiplexedConnection;
 use tokio::sync::{mpsc, oneshot};
 
@@ -453,4 +454,34 @@ impl Drop for KeyWatcher {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// On a fresh `key`: `token` is granted fence 1, renews it, and `holder` names fence 1.
+pub async fn grant_renew_and_find_fence_1(
+    service: &RedisLockService,
+    key: &str,
+    token: OwnerToken,
+    identity: &Identity,
+) {
+    assert!(matches!(
+        service
+            .try_acquire(key, token, identity, ms(1_000))
+            .await
+            .unwrap(),
+        Acquired::Granted {
+            fence: Fence(1),
+            ..
+        }
+    ));
+    assert!(matches!(
+        service
+            .try_renew(key, token, Fence(1), ms(1_000))
+            .await
+            .unwrap(),
+        Renewed::Renewed { .. }
+    ));
+    assert_eq!(
+        service.try_holder(key).await.unwrap().map(|h| h.fence),
+        Some(Fence(1))
+    );
 }
