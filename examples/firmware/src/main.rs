@@ -5,8 +5,9 @@
 //! * `lease_task` — acquires, renews (every T/3) and releases the lease over the link,
 //!   re-acquiring after a loss; the shared `leasehold-driver` loop via
 //!   `leasehold_embassy::run_term`;
-//! * `link::gateway` — the lock service at the other end of the link, hard TTL 3 s; it
-//!   goes silent from 7 s to 11 s, so the lease is lost (Expired) and re-acquired;
+//! * `link::gateway` — the lock service at the other end of the link (the lock table
+//!   of `gateway`, hard TTL, at most 3 s); it goes silent from 7 s to 11 s, so the
+//!   lease is lost (Expired) and re-acquired;
 //! * `writer` — every 100 ms, checks the gate and writes with the fence to a fenced
 //!   store (`FenceGate`), or does not write;
 //! * `watcher` — waits for the lost signal;
@@ -19,6 +20,10 @@
 #![no_std]
 #![no_main]
 
+// The baseline (no `lease` feature) neither asks who holds the key nor reads answers
+// other than the acquire's.
+#[cfg_attr(not(feature = "lease"), allow(dead_code))]
+mod gateway;
 mod link;
 mod panic;
 mod report;
@@ -45,6 +50,9 @@ static STORAGE: Mutex<Cell<FenceGate>> = Mutex::new(Cell::new(FenceGate::new()))
 const OWNER: Owner = Owner(*b"pump-controller7");
 
 const TTL: Duration = Duration::from_secs(3);
+
+/// The lease's key at the gateway.
+const KEY: &str = "pump-7";
 
 /// Who we are, in words: stored by the gateway with the grant, shown to contenders.
 fn identity() -> Identity {
@@ -129,7 +137,7 @@ mod lease {
     use leasehold_embassy::{LeaseShared, Report, Target, TermEnd};
 
     use crate::report::{bump, COUNTERS};
-    use crate::{identity, spawn, LINK, OWNER, TTL};
+    use crate::{identity, spawn, KEY, LINK, OWNER, TTL};
 
     const CONFIG: Config = match Config::builder(TTL).drift_ppm(20_000).build() {
         Ok(config) => config,
@@ -159,7 +167,7 @@ mod lease {
         let identity = identity();
         let target = Target {
             service: &LINK,
-            key: "pump-7",
+            key: KEY,
             owner: OWNER,
             identity: &identity,
         };
@@ -205,9 +213,9 @@ mod lease {
     use embassy_time::Timer;
     use leasehold::{AcquireOutcome, Fence, Term};
 
-    use crate::link::{Answer, Op};
+    use crate::gateway::Op;
     use crate::report::{bump, COUNTERS};
-    use crate::{identity, spawn, LINK, OWNER, TTL};
+    use crate::{identity, spawn, KEY, LINK, OWNER, TTL};
 
     static FENCE: AtomicU32 = AtomicU32::new(0);
     static RELEASE: AtomicU32 = AtomicU32::new(0);
@@ -231,8 +239,10 @@ mod lease {
     async fn plain_task() {
         let token = OWNER.token(Term(1));
         let mut held = Fence(0);
-        if let Answer::Acquire(AcquireOutcome::Granted { fence, .. }) =
-            LINK.call(token, Op::Acquire(TTL, identity())).await
+        if let AcquireOutcome::Granted { fence, .. } = LINK
+            .call(KEY, token, Op::Acquire(TTL, identity()))
+            .await
+            .acquire()
         {
             FENCE.store(fence.0 as u32, Ordering::Relaxed);
             held = fence;
@@ -240,11 +250,11 @@ mod lease {
         }
         while RELEASE.load(Ordering::Relaxed) == 0 {
             Timer::after_secs(1).await;
-            LINK.call(token, Op::Renew(held, TTL)).await;
+            LINK.call(KEY, token, Op::Renew(held, TTL)).await;
             bump(&COUNTERS.renewed);
         }
         FENCE.store(0, Ordering::Relaxed);
-        LINK.call(token, Op::Release).await;
+        LINK.call(KEY, token, Op::Release).await;
         bump(&COUNTERS.released);
     }
 }
