@@ -91,11 +91,47 @@ impl Answer {
     }
 }
 
+/// A key as the table stores it and the link carries it: its bytes, up to the longest
+/// valid key.
+#[derive(Clone, Copy)]
+pub struct KeyBytes {
+    len: u16,
+    bytes: [u8; MAX_KEY_LEN],
+}
+
+impl KeyBytes {
+    /// `key`'s bytes. A key longer than any valid key does not fit: it is kept empty,
+    /// which the table refuses as `InvalidKey`, the answer the whole key gets.
+    pub fn new(key: &str) -> KeyBytes {
+        let mut bytes = [0; MAX_KEY_LEN];
+        let len = match u16::try_from(key.len()) {
+            Ok(len) if key.len() <= MAX_KEY_LEN => len,
+            _ => 0,
+        };
+        // A byte loop, not `copy_from_slice`: no length check left to panic.
+        for (dst, src) in bytes.iter_mut().zip(key.as_bytes()) {
+            *dst = *src;
+        }
+        KeyBytes { len, bytes }
+    }
+
+    /// The key; empty if the bytes are not UTF-8 (never, for bytes made by `new`).
+    pub fn as_str(&self) -> &str {
+        self.bytes
+            .get(..usize::from(self.len))
+            .and_then(|bytes| core::str::from_utf8(bytes).ok())
+            .unwrap_or("")
+    }
+
+    fn is(&self, key: &str) -> bool {
+        self.bytes.get(..usize::from(self.len)) == Some(key.as_bytes())
+    }
+}
+
 /// One key's grant: the key as given, who holds it, until when.
 #[derive(Clone, Copy)]
 struct Grant {
-    key: [u8; MAX_KEY_LEN],
-    key_len: u16,
+    key: KeyBytes,
     token: OwnerToken,
     fence: Fence,
     expires: Instant,
@@ -104,7 +140,7 @@ struct Grant {
 
 impl Grant {
     fn is_for(&self, key: &str) -> bool {
-        self.key.get(..usize::from(self.key_len)) == Some(key.as_bytes())
+        self.key.is(key)
     }
 
     /// The holder as contenders and the query see it at `now`.
@@ -217,22 +253,13 @@ impl<const N: usize> Gateway<N> {
             // Every slot is held: it clears when one expires or is released.
             return AcquireOutcome::Indeterminate(Indeterminate::Service);
         };
-        // `check_key` bounds the length by MAX_KEY_LEN (256), which fits a u16.
-        let (mut bytes, Ok(key_len)) = ([0u8; MAX_KEY_LEN], u16::try_from(key.len())) else {
-            return AcquireOutcome::Refused(Refusal::InvalidKey);
-        };
-        let Some(dst) = bytes.get_mut(..key.len()) else {
-            return AcquireOutcome::Refused(Refusal::InvalidKey);
-        };
-        dst.copy_from_slice(key.as_bytes());
         // 2^64 grants never happen; if they did, no fence above the last is left.
         let Some(fence) = self.last_fence.checked_add(1) else {
             return AcquireOutcome::Refused(Refusal::Unsupported);
         };
         self.last_fence = fence;
         *slot = Some(Grant {
-            key: bytes,
-            key_len,
+            key: KeyBytes::new(key),
             token,
             fence: Fence(fence),
             expires: now.saturating_add(ttl),

@@ -13,9 +13,9 @@ use core::sync::atomic::{AtomicU32, Ordering};
 use embassy_sync::blocking_mutex::raw::CriticalSectionRawMutex;
 use embassy_sync::channel::Channel;
 use embassy_time::{Instant, Timer};
-use leasehold::{OwnerToken, MAX_KEY_LEN};
+use leasehold::OwnerToken;
 
-use crate::gateway::{Answer, Gateway, Op, MAX_TTL};
+use crate::gateway::{Answer, Gateway, KeyBytes, Op, MAX_TTL};
 
 /// One-way latency of the simulated link.
 const LINK_MS: u64 = 5;
@@ -27,37 +27,9 @@ const OUTAGE_MS: core::ops::Range<u64> = 7_000..11_000;
 /// slot frees.
 const GATEWAY_KEYS: usize = 1;
 
-/// A key as it travels: its bytes, up to the longest valid key.
-struct WireKey {
-    len: u16,
-    bytes: [u8; MAX_KEY_LEN],
-}
-
-impl WireKey {
-    /// A key longer than any valid key does not fit a frame; it travels empty, which
-    /// the gateway refuses as `InvalidKey`, the answer the whole key would get.
-    fn new(key: &str) -> WireKey {
-        let mut bytes = [0; MAX_KEY_LEN];
-        match (bytes.get_mut(..key.len()), u16::try_from(key.len())) {
-            (Some(dst), Ok(len)) => {
-                dst.copy_from_slice(key.as_bytes());
-                WireKey { len, bytes }
-            }
-            _ => WireKey { len: 0, bytes },
-        }
-    }
-
-    fn as_str(&self) -> &str {
-        self.bytes
-            .get(..usize::from(self.len))
-            .and_then(|bytes| core::str::from_utf8(bytes).ok())
-            .unwrap_or("")
-    }
-}
-
 struct Frame {
     seq: u32,
-    key: WireKey,
+    key: KeyBytes,
     token: OwnerToken,
     op: Op,
 }
@@ -88,7 +60,7 @@ impl Link {
     pub async fn call(&self, key: &str, token: OwnerToken, op: Op) -> Answer {
         let seq = self.next_seq.load(Ordering::Relaxed);
         self.next_seq.store(seq.wrapping_add(1), Ordering::Relaxed);
-        let key = WireKey::new(key);
+        let key = KeyBytes::new(key);
         UPLINK
             .send(Frame {
                 seq,

@@ -26,7 +26,7 @@ mod gateway;
 
 use std::cell::RefCell;
 
-use gateway::{Answer, Gateway, Op, MAX_TTL};
+use gateway::{Answer, Gateway, KeyBytes, Op, MAX_TTL};
 use leasehold::{
     AcquireOutcome, Duration, Fence, HolderOutcome, Identity, Indeterminate, Instant, Owner,
     OwnerToken, Refusal, ReleaseOutcome, RenewOutcome, Term,
@@ -53,13 +53,15 @@ impl GatewayService {
         }
     }
 
-    /// The link: a yield on the way up, the table handles the request at the
-    /// current instant, a yield on the way down.
+    /// The link: the key travels as the firmware's frames carry it, a yield on the way
+    /// up, the table handles the request at the current instant, a yield on the way
+    /// down.
     async fn call(&self, key: &str, token: OwnerToken, op: Op) -> Answer {
+        let key = KeyBytes::new(key);
         tokio::task::yield_now().await;
         let since_boot = self.boot.elapsed().as_micros();
         let now = Instant::from_micros(u64::try_from(since_boot).unwrap_or(u64::MAX));
-        let answer = self.table.borrow_mut().handle(now, key, token, op);
+        let answer = self.table.borrow_mut().handle(now, key.as_str(), token, op);
         tokio::task::yield_now().await;
         answer
     }
