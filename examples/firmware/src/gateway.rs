@@ -106,7 +106,7 @@ impl KeyBytes {
         let mut bytes = [0; MAX_KEY_LEN];
         let len = match u16::try_from(key.len()) {
             Ok(len) if key.len() <= MAX_KEY_LEN => len,
-            _ => 0,
+            _ => return KeyBytes { len: 0, bytes },
         };
         // A byte loop, not `copy_from_slice`: no length check left to panic.
         for (dst, src) in bytes.iter_mut().zip(key.as_bytes()) {
@@ -158,6 +158,8 @@ pub struct Gateway<const N: usize> {
     grants: [Option<Grant>; N],
     /// The fence of the latest grant, for any key.
     last_fence: u64,
+    /// The latest handling time seen.
+    latest: Instant,
     max_ttl: Duration,
 }
 
@@ -167,14 +169,17 @@ impl<const N: usize> Gateway<N> {
         Gateway {
             grants: [None; N],
             last_fence: 0,
+            latest: Instant::from_micros(0),
             max_ttl,
         }
     }
 
     /// Handles `op` on `key` for `token` at `now` (the handling time: the expiries it
-    /// sets and the remaining TTLs it reports count from it). `now` must not go back
-    /// between calls.
+    /// sets and the remaining TTLs it reports count from it). A `now` earlier than one
+    /// already seen is taken as that one, so time never goes back inside the table.
     pub fn handle(&mut self, now: Instant, key: &str, token: OwnerToken, op: Op) -> Answer {
+        let now = now.max(self.latest);
+        self.latest = now;
         if check_key(key).is_err() {
             return Answer::refused(op, Refusal::InvalidKey);
         }

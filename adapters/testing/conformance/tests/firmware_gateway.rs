@@ -220,3 +220,16 @@ fn an_answer_to_another_operation_is_a_protocol_error() {
     let free = Answer::Holder(HolderOutcome::Free);
     assert_eq!(free.release(), ReleaseOutcome::Indeterminate(protocol));
 }
+
+#[test]
+fn time_never_goes_back_inside_the_table() {
+    let mut table = Gateway::<1>::new(MAX_TTL);
+    let granted = table.handle(at(1_000), "k", token(1), Op::Acquire(TTL, Identity::EMPTY));
+    assert!(matches!(granted.acquire(), AcquireOutcome::Granted { .. }));
+    // A clock read that went back is taken as the latest seen: never more than the
+    // TTL left.
+    let held = table.handle(at(0), "k", anyone(), Op::Holder).holder();
+    assert!(matches!(held, HolderOutcome::Held(h) if h.remaining == TTL));
+    let expired = table.handle(at(2_000), "k", anyone(), Op::Holder).holder();
+    assert_eq!(expired, HolderOutcome::Free);
+}
