@@ -10,6 +10,9 @@
 //!   (`SIGSTOP`), resume, restart on the same port and directory; killed on drop.
 //! * [`EtcdCluster`] — one or more real `etcd` members on loopback: stop, kill,
 //!   pause, resume, restart a member, find the leader; every member killed on drop.
+//! * [`PostgresServer`] — a real PostgreSQL cluster of its own (`initdb` in a scratch
+//!   dir, `postgres` on a free loopback port; as the `postgres` user when run as
+//!   root): stop, restart; shut down on drop.
 //! * [`Proxy`] — a loopback TCP proxy that forwards, stalls (stops forwarding, keeps
 //!   connections open), resumes, cuts every connection, retargets, or rewrites
 //!   replies.
@@ -26,6 +29,7 @@ mod binary;
 mod dirs;
 pub mod etcd;
 mod ports;
+pub mod postgres;
 mod process;
 pub mod proxy;
 pub mod redis;
@@ -36,6 +40,7 @@ pub use binary::{binary, binary_in, MissingBinary};
 pub use dirs::{fast_scratch_dir, scratch_dir, ScratchDir};
 pub use etcd::{EtcdCluster, Timing};
 pub use ports::free_port;
+pub use postgres::PostgresServer;
 pub use proxy::{Proxy, ProxyMode};
 pub use redis::{RedisOptions, RedisServer, TlsFiles};
 pub use storage::Storage;
