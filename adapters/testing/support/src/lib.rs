@@ -17,6 +17,9 @@
 //!   connections open), resumes, cuts every connection, retargets, or rewrites
 //!   replies.
 //! * [`Storage`] — the resource a lock protects: admits writes by fence, logs them.
+//! * [`FencePlan`] / [`check_fenced_history`] — concurrent writers with interleaved
+//!   fences against a fenced store, and the check that it never admitted an older
+//!   fence after a newer one.
 //! * [`wait_for`] — the bounded, event-driven wait used instead of bare sleeps.
 //!
 //! The starters are blocking (`std::process`, `std::thread::sleep` while waiting for
@@ -28,6 +31,7 @@
 mod binary;
 mod dirs;
 pub mod etcd;
+pub mod fenced;
 mod ports;
 pub mod postgres;
 mod process;
@@ -39,6 +43,7 @@ mod wait;
 pub use binary::{binary, binary_in, MissingBinary};
 pub use dirs::{fast_scratch_dir, scratch_dir, ScratchDir};
 pub use etcd::{EtcdCluster, Timing};
+pub use fenced::{check_fenced_history, Answer, FencePlan, HistoryCounts};
 pub use ports::free_port;
 pub use postgres::PostgresServer;
 pub use proxy::{Proxy, ProxyMode};
