@@ -33,12 +33,14 @@ impl fmt::Display for FenceOutOfRange {
 impl std::error::Error for FenceOutOfRange {}
 
 /// `fence` as the SQL column holds it.
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
 pub(crate) fn to_sql(fence: Fence) -> Result<i64, FenceOutOfRange> {
     i64::try_from(fence.0).map_err(|_| FenceOutOfRange { fence })
 }
 
 /// A fence read back from the column; `None` for a negative number, which no fenced
 /// write stores (the column's `CHECK` forbids it).
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
 pub(crate) fn from_sql(stored: i64) -> Option<Fence> {
     u64::try_from(stored).ok().map(Fence)
 }

@@ -26,6 +26,10 @@ pub enum Op {
     Holder,
     /// [`RedisLockService::raise_fence`](crate::RedisLockService::raise_fence).
     RaiseFence,
+    /// [`RedisLockService::fenced_write`](crate::RedisLockService::fenced_write).
+    FencedWrite,
+    /// [`RedisLockService::fenced_read`](crate::RedisLockService::fenced_read).
+    FencedRead,
 }
 
 impl fmt::Display for Op {
@@ -37,6 +41,8 @@ impl fmt::Display for Op {
             Op::Release => "release",
             Op::Holder => "holder",
             Op::RaiseFence => "raise fence",
+            Op::FencedWrite => "fenced write",
+            Op::FencedRead => "fenced read",
         })
     }
 }

@@ -292,7 +292,7 @@ fn debian_bin_dirs(root: &Path) -> Vec<PathBuf> {
             Some((version, entry.path().join("bin")))
         })
         .collect();
-    versions.sort_by(|a, b| b.0.cmp(&a.0));
+    versions.sort_by_key(|v| std::cmp::Reverse(v.0));
     versions.into_iter().map(|(_, dir)| dir).collect()
 }
 
