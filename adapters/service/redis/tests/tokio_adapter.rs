@@ -117,7 +117,7 @@ fn a_busy_key_names_its_holder_and_a_wrong_type_is_refused_at_once() {
             panic!("{err:?}")
         };
         assert_eq!(who.identity.as_str(), "first-holder");
-        assert_eq!(who.fence, holder.fence());
+        assert_eq!(who.fence, holder.granted_fence());
         holder.release().await;
 
         // A key another program made a list: refused at once, though unbounded.
@@ -163,7 +163,7 @@ fn contenders_through_the_adapter_never_overlap() {
                     else {
                         break;
                     };
-                    let fence = lease.fence();
+                    let fence = lease.granted_fence();
                     let hold = std_ms(10 + (contender * 37 + round * 53) % 200);
                     let until = tokio::time::Instant::now() + hold;
                     let mut first_write = None;
