@@ -129,20 +129,7 @@ where
         conn: C,
         endpoint: &str,
     ) -> Result<RedisLockService<C>, RedisLockError> {
-        let service = RedisLockService {
-            conn,
-            request_timeout: None,
-            shared: Arc::new(Shared {
-                endpoint: endpoint.to_owned(),
-                acquire: Script::new(scripts::ACQUIRE),
-                renew: Script::new(scripts::RENEW),
-                release: Script::new(scripts::RELEASE),
-                holder: Script::new(scripts::HOLDER),
-                raise_fence: Script::new(scripts::RAISE_FENCE),
-                fenced_write: Script::new(scripts::FENCED_WRITE),
-                reloads: AtomicU64::new(0),
-            }),
-        };
+        let service = RedisLockService::unloaded(conn, endpoint);
         let shared = &service.shared;
         for script in [
             &shared.acquire,
@@ -155,6 +142,25 @@ where
             service.load(Op::Connect, script).await?;
         }
         Ok(service)
+    }
+
+    /// The service on `conn`, the scripts not loaded: the first `EVALSHA` of each
+    /// meets `NOSCRIPT` and loads it.
+    pub(crate) fn unloaded(conn: C, endpoint: &str) -> RedisLockService<C> {
+        RedisLockService {
+            conn,
+            request_timeout: None,
+            shared: Arc::new(Shared {
+                endpoint: endpoint.to_owned(),
+                acquire: Script::new(scripts::ACQUIRE),
+                renew: Script::new(scripts::RENEW),
+                release: Script::new(scripts::RELEASE),
+                holder: Script::new(scripts::HOLDER),
+                raise_fence: Script::new(scripts::RAISE_FENCE),
+                fenced_write: Script::new(scripts::FENCED_WRITE),
+                reloads: AtomicU64::new(0),
+            }),
+        }
     }
 
     /// Bounds every typed call by `timeout` (`None`: unbounded).

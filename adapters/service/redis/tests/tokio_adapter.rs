@@ -201,3 +201,125 @@ fn contenders_through_the_adapter_never_overlap() {
         assert!(last_a < first_b, "{fa} still writing after {fb} started");
     }
 }
+
+/// A lock service that reports every acquire answer it passes on: how the test
+/// knows the acquire has already tried (and failed) before Redis comes up.
+struct Observed {
+    inner: RedisLockService,
+    acquires: tokio::sync::watch::Sender<Vec<leasehold::AcquireOutcome>>,
+}
+
+impl leasehold_driver::LockService for Observed {
+    async fn acquire(
+        &self,
+        key: &str,
+        token: leasehold::OwnerToken,
+        identity: &Identity,
+        ttl: leasehold::Duration,
+    ) -> leasehold::AcquireOutcome {
+        let outcome = self.inner.acquire(key, token, identity, ttl).await;
+        self.acquires.send_modify(|seen| seen.push(outcome));
+        outcome
+    }
+    async fn renew(
+        &self,
+        key: &str,
+        token: leasehold::OwnerToken,
+        fence: Fence,
+        ttl: leasehold::Duration,
+    ) -> leasehold::RenewOutcome {
+        self.inner.renew(key, token, fence, ttl).await
+    }
+    async fn release(&self, key: &str, token: leasehold::OwnerToken) -> leasehold::ReleaseOutcome {
+        self.inner.release(key, token).await
+    }
+    async fn holder(&self, key: &str) -> leasehold::HolderOutcome {
+        self.inner.holder(key).await
+    }
+}
+
+/// A client started during an outage: `connect()` fails, `connect_lazily()` does not,
+/// and an acquire begun while Redis is down keeps trying inside its wait bound and
+/// is granted once a `redis-server` comes up on that port.
+#[test]
+fn a_lazily_connected_service_acquires_once_redis_comes_up_inside_the_wait_bound() {
+    use leasehold::{AcquireOutcome, Indeterminate};
+    let mut server = RedisServer::start();
+    server.stop();
+    runtime().block_on(async {
+        let url = server.url();
+        let eager = RedisLockService::connect(&url).await.unwrap_err();
+        assert!(
+            matches!(eager, leasehold_redis::RedisLockError::Transport { .. }),
+            "{eager:?}"
+        );
+
+        let (acquires, mut seen) = tokio::sync::watch::channel(Vec::new());
+        let inner = RedisLockService::connect_lazily(&url).await.unwrap();
+        let service = Arc::new(Observed { inner, acquires });
+        let options = AcquireOptions::new().max_wait(StdDuration::from_secs(20));
+        let acquiring = tokio::spawn(acquire_with(service, "outage", config(1_000), options));
+
+        // Two attempts answered "unknown: transport" while nothing listens.
+        let failed = tokio::time::timeout(
+            StdDuration::from_secs(10),
+            seen.wait_for(|seen| seen.len() >= 2),
+        )
+        .await
+        .expect("two attempts within 10 s")
+        .unwrap()
+        .clone();
+        for outcome in &failed {
+            assert_eq!(
+                *outcome,
+                AcquireOutcome::Indeterminate(Indeterminate::Transport),
+                "{failed:?}"
+            );
+        }
+        assert!(!acquiring.is_finished());
+
+        // Redis comes up on the same port, after the acquire began.
+        tokio::task::block_in_place(|| server.restart());
+        let lease = tokio::time::timeout(StdDuration::from_secs(10), acquiring)
+            .await
+            .expect("granted within 10 s of Redis coming up")
+            .unwrap()
+            .expect("granted");
+        assert_eq!(lease.check(), Ok(Fence(1)));
+        assert_eq!(lease.release().await, LeaseEnd::Released);
+    });
+}
+
+/// The same lazy service, Redis never coming up: the acquire ends at its wait bound
+/// with a typed error, not at the first failed connection and not never.
+#[test]
+fn a_lazily_connected_service_ends_at_the_wait_bound_while_redis_stays_down() {
+    let mut server = RedisServer::start();
+    server.stop();
+    runtime().block_on(async {
+        let service = Arc::new(
+            RedisLockService::connect_lazily(&server.url())
+                .await
+                .unwrap(),
+        );
+        let bound = StdDuration::from_millis(1_500);
+        let started = tokio::time::Instant::now();
+        let options = AcquireOptions::new().max_wait(bound);
+        let err = tokio::time::timeout(
+            StdDuration::from_secs(10),
+            acquire_with(service, "outage", config(1_000), options),
+        )
+        .await
+        .expect("the acquire ends")
+        .unwrap_err();
+        let took = started.elapsed();
+        assert!(matches!(err, AcquireError::Unavailable(_)), "{err:?}");
+        assert!(took >= bound, "ended after {took:?}, before its bound");
+        // The bound, plus at most one request timeout (100 ms at T = 1 s) and the
+        // release attempt of an outcome that may have been a grant.
+        assert!(
+            took < bound + StdDuration::from_millis(1_000),
+            "ended after {took:?}"
+        );
+    });
+}
