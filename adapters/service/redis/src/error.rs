@@ -338,6 +338,11 @@ impl fmt::Display for RedisLockError {
                         "authentication failed: check the password",
                         "and the user name, if the URL has one",
                     ),
+                    (Refusal::WrongType, "LEASEHOLD") if *op == Op::FencedWrite => (
+                        "the fenced data's fence key holds something that is not a fence",
+                        "another program uses `{name}:data:fence`: pick another name, or \
+                         delete both of its keys (which forgets the newest fence)",
+                    ),
                     (Refusal::WrongType, "LEASEHOLD") => (
                         "the lock's keys hold a value leasehold did not write",
                         "another program uses this key: pick another key, or delete it",

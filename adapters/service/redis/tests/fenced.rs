@@ -143,7 +143,12 @@ async fn a_bad_name_is_refused_before_sending_and_a_garbage_fence_before_any_wri
     let _: () = raw.set(&keys.fence, "not-a-fence").await.unwrap();
     let err = service.fenced_write("g", Fence(9), b"v").await.unwrap_err();
     assert!(matches!(err, RedisLockError::Refused { .. }), "{err:?}");
-    assert!(err.to_string().contains("fenced write"), "{err}");
+    let shown = err.to_string();
+    assert!(shown.contains("fenced write"), "{shown}");
+    assert!(
+        shown.contains("fence key holds something that is not a fence"),
+        "{shown}"
+    );
     let data: Option<Vec<u8>> = raw.get(&keys.data).await.unwrap();
     assert_eq!(data, None, "nothing was written");
     let err = service.fenced_read("g").await.unwrap_err();
