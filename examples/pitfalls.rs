@@ -84,7 +84,7 @@ async fn pitfalls() {
     let a = acquire_with(service.clone(), KEY, config, contender("A"))
         .await
         .unwrap();
-    t.log("A", format!("acquired with fence {}", a.fence().0));
+    t.log("A", format!("acquired with fence {}", a.granted_fence().0));
     tokio::spawn(narrate(t, a.clone()));
     let b = tokio::spawn({
         let service = service.clone();
@@ -92,7 +92,7 @@ async fn pitfalls() {
             let b = acquire_with(service, KEY, config, contender("B"))
                 .await
                 .unwrap();
-            t.log("B", format!("acquired with fence {}", b.fence().0));
+            t.log("B", format!("acquired with fence {}", b.granted_fence().0));
             b
         }
     });

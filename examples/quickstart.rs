@@ -50,7 +50,10 @@ async fn quickstart() {
     let a = acquire_with(service.clone(), KEY, config, contender("A"))
         .await
         .unwrap();
-    t.log("A", format!("acquired {KEY:?} with fence {}", a.fence().0));
+    t.log(
+        "A",
+        format!("acquired {KEY:?} with fence {}", a.granted_fence().0),
+    );
     tokio::spawn(narrate("A", t, a.clone()));
 
     // B waits in `acquire`, retrying every 150 ms while A holds the key.
@@ -61,7 +64,10 @@ async fn quickstart() {
             let b = acquire_with(service, KEY, config, contender("B"))
                 .await
                 .unwrap();
-            t.log("B", format!("acquired {KEY:?} with fence {}", b.fence().0));
+            t.log(
+                "B",
+                format!("acquired {KEY:?} with fence {}", b.granted_fence().0),
+            );
             let fence = b.check().unwrap();
             let said = storage
                 .lock()
@@ -132,7 +138,7 @@ async fn quickstart() {
     );
     println!(
         "B took over with fence {}; storage admitted {} writes and rejected A's late one.",
-        b.fence().0,
+        b.granted_fence().0,
         storage.lock().unwrap().len()
     );
     assert_eq!(end, LeaseEnd::Lost(leasehold::LossReason::Expired));

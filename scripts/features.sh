@@ -20,6 +20,7 @@ declare -A features=(
     [leasehold-resp]="defmt"
     [leasehold-tokio]="tracing metrics"
     [leasehold-redis]="tls"
+    [leasehold-storage]="postgres sqlite"
     [leasehold-etcd]=""
     [leasehold-cli]="tls"
 )

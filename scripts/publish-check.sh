@@ -23,6 +23,7 @@ libraries=(
     "leasehold-redis adapters/service/redis"
     "leasehold-etcd adapters/service/etcd"
     "leasehold-resp adapters/service/resp"
+    "leasehold-storage adapters/storage"
 )
 
 status=0

@@ -26,6 +26,10 @@ missing=()
 for cmd in "${!packages[@]}"; do
     command -v "$cmd" >/dev/null 2>&1 || missing+=("${packages[$cmd]}")
 done
+# PostgreSQL's server binaries live in /usr/lib/postgresql/<version>/bin, off PATH
+# (leasehold-test-support looks there); the package is missing when no version is.
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || command -v initdb >/dev/null 2>&1 ||
+    missing+=(postgresql)
 if ((${#missing[@]})); then
     sudo=""
     [[ $(id -u) -eq 0 ]] || sudo="sudo"

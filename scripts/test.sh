@@ -3,8 +3,8 @@
 #
 #     bash scripts/test.sh
 #
-# It installs what is missing (rustup targets, redis-server, etcd, protoc, ARM
-# binutils), then runs: fmt, clippy, the tests (real servers are started by the tests
+# It installs what is missing (rustup targets, redis-server, etcd, postgresql, protoc,
+# ARM binutils), then runs: fmt, clippy, the tests (real servers are started by the tests
 # themselves on free loopback ports; every lock service runs the conformance suite),
 # the loom models, the no_std target builds, the firmware builds with their size table,
 # the exhaustive model check (2 clients) and its mutations, every crate with each
@@ -29,6 +29,7 @@ stage fmt cargo fmt --all --check
 stage clippy cargo clippy --workspace --all-targets --locked -- -D warnings
 stage tests cargo test --workspace --locked
 stage tokio-metrics bash -c "cargo clippy -q -p leasehold-tokio --all-targets --all-features --locked -- -D warnings && cargo test -q -p leasehold-tokio --all-features --locked"
+stage storage bash -c "cargo clippy -q -p leasehold-storage --all-targets --all-features --locked -- -D warnings && cargo test -p leasehold-storage --all-features --locked"
 stage redis-tls bash -c "cargo clippy -q -p leasehold-redis --all-targets --features tls --locked -- -D warnings && cargo test -p leasehold-redis --features tls --test tls --locked"
 stage loom bash scripts/loom.sh
 stage no_std bash scripts/no-std.sh

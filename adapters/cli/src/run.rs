@@ -75,7 +75,7 @@ pub async fn run<S: LockService + 'static>(service: Arc<S>, args: &RunArgs, out:
         Ok(lease) => lease,
         Err(e) => return not_acquired(args, &e),
     };
-    tracing::info!(key = %args.key, fence = lease.fence().0, "lease granted");
+    tracing::info!(key = %args.key, fence = lease.granted_fence().0, "lease granted");
     let code = supervise(&lease, args, grace, identity, &mut signals).await;
     let end = lease.release().await;
     tracing::info!(key = %args.key, %end, "lease ended");
@@ -136,7 +136,7 @@ async fn supervise(
     write_deadline(&file, deadline);
     let env = ChildEnv {
         key: &args.key,
-        fence: lease.fence().0,
+        fence: lease.granted_fence().0,
         holder: identity.as_str(),
         deadline_file: file.path(),
     };

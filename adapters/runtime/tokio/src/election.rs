@@ -159,9 +159,11 @@ pub struct Leader {
 }
 
 impl Leader {
-    /// The fence of this leadership: send it with every leader-only write.
-    pub fn fence(&self) -> Fence {
-        self.handle.fence()
+    /// The fence this leadership was granted, for logs and labels. **Not a
+    /// permission to write**: it stays the same after the leadership ends; write with
+    /// the fence [`check`](Self::check) returns.
+    pub fn granted_fence(&self) -> Fence {
+        self.handle.granted_fence()
     }
 
     /// The fence, if this candidate may act as leader *now*; otherwise why not.

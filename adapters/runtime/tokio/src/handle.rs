@@ -4,12 +4,14 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use leasehold::{Config, Fence, GateError, Instant, Owner, OwnerToken, Term};
+use leasehold::{
+    Config, Fence, GateError, GateStatus, Instant, LossReason, Owner, OwnerToken, Term,
+};
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::shared::{Shared, StopCause};
-use crate::{trace, LeaseClock, LeaseEnd, LeaseState, TimedEvent};
+use crate::{trace, LeaseClock, LeaseEnd, LeaseState, LeaseStats, TimedEvent};
 
 /// A held lease: check it before every write, and present its fence with the write.
 ///
@@ -29,10 +31,10 @@ use crate::{trace, LeaseClock, LeaseEnd, LeaseState, TimedEvent};
 /// let config = Config::builder(Duration::from_secs(3)).build().unwrap();
 /// let lease = acquire(service, "orders", config).await.unwrap();
 ///
-/// // Before each write:
+/// // Before each write: the fence to write with, only while writes may happen.
 /// let fence = lease.check().unwrap();
 /// // storage.write(fence, ...): storage rejects fences older than the newest it saw.
-/// assert_eq!(fence, lease.fence());
+/// assert_eq!(fence, lease.granted_fence());
 /// # }
 /// ```
 pub struct LeaseHandle {
@@ -59,6 +61,22 @@ impl CheckError {
     pub const fn is_temporary(&self) -> bool {
         matches!(self, CheckError::Gate(GateError::Paused | GateError::Busy))
     }
+
+    /// Why the lease was lost, when this refusal is a loss — already on the first
+    /// refusal, before the driver task has run and [`LeaseHandle::end`] says so.
+    ///
+    /// [`GateError::Lost`] carries its reason. [`GateError::DeadlinePassed`] (the
+    /// worker saw the deadline pass before the driver did) is
+    /// [`LossReason::Expired`]: the core expires the term on any input past the
+    /// deadline, so that is the reason the driver reports too. `None` for a release,
+    /// a stopped driver, a pause or a torn read.
+    pub const fn loss(&self) -> Option<LossReason> {
+        match *self {
+            CheckError::Gate(GateError::Lost(reason)) => Some(reason),
+            CheckError::Gate(GateError::DeadlinePassed { .. }) => Some(LossReason::Expired),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for CheckError {
@@ -82,17 +100,21 @@ impl LeaseHandle {
 
     /// The fence to write with, if writes may happen *now*; otherwise why not.
     ///
-    /// Reads the write gate with the lease's own clock, so it refuses once the safe
-    /// deadline has passed even if the driver task has not run since (a worker waking
-    /// from a long pause). Cheap (a few atomic loads and a clock read): call it right
-    /// before every write, and send the fence with the write so storage can reject it
-    /// if this task pauses between the check and the write.
+    /// This is the one way to the fence for a write. Reads the write gate with the
+    /// lease's own clock, so it refuses once the safe deadline has passed even if the
+    /// driver task has not run since (a worker waking from a long pause), and a
+    /// fail-closed pause whose deadline passed too is refused as the loss it is
+    /// ([`CheckError::loss`] names the reason from the first refusal on). Cheap (a few
+    /// atomic loads and a clock read): call it right before every write, and send the
+    /// fence with the write so storage can reject it if this task pauses between the
+    /// check and the write.
     pub fn check(&self) -> Result<Fence, CheckError> {
-        let fence = self
-            .shared
-            .gate
-            .check(self.shared.clock.now())
-            .map_err(CheckError::Gate)?;
+        let now = self.shared.clock.now();
+        let fence = match self.shared.gate.check(now) {
+            Ok(fence) => fence,
+            Err(GateError::Paused) => return Err(CheckError::Gate(paused_or_expired(self, now))),
+            Err(refused) => return Err(CheckError::Gate(refused)),
+        };
         match self.shared.stop_cause() {
             None => Ok(fence),
             Some(StopCause::Release) => Err(CheckError::ReleaseRequested),
@@ -100,10 +122,20 @@ impl LeaseHandle {
         }
     }
 
-    /// The fence of this lease's grant (constant for its life). Use [`check`](Self::check)
-    /// to learn whether it may still be used.
-    pub fn fence(&self) -> Fence {
+    /// The fence the service granted this term, for logs, metrics and labels.
+    ///
+    /// **Not a permission to write**: it stays the same after the lease is lost or
+    /// released. Write with the fence [`check`](Self::check) returns.
+    pub fn granted_fence(&self) -> Fence {
         self.shared.granted().map_or(Fence(0), |(fence, _)| fence)
+    }
+
+    /// Counters of the term: retries (acquire attempts and renewals retried after
+    /// an unknown outcome, counted as they happen) and the core's own
+    /// [`Stats`](leasehold::Stats) (see [`LeaseStats::core`] for when they are
+    /// filled in).
+    pub fn stats(&self) -> LeaseStats {
+        self.shared.stats()
     }
 
     /// The key.
@@ -197,6 +229,21 @@ impl LeaseHandle {
         self.shared
             .wait_for(|shared| shared.finished().then(|| shared.end()).flatten())
             .await
+    }
+}
+
+/// A fail-closed pause (`Paused`) refuses for as long as a renewal's outcome is
+/// unknown, and the gate keeps the deadline beside it: once that deadline has passed
+/// as well, no renewal can reopen the gate (the core expires the term on its next
+/// input), so the refusal is `DeadlinePassed`, not a temporary pause.
+fn paused_or_expired(handle: &LeaseHandle, now: Instant) -> GateError {
+    match handle.shared.gate.snapshot() {
+        Some(snap) if snap.status == GateStatus::Paused && now >= snap.deadline => {
+            GateError::DeadlinePassed {
+                deadline: snap.deadline,
+            }
+        }
+        _ => GateError::Paused,
     }
 }
 

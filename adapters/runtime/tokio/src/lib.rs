@@ -28,9 +28,9 @@ pub use handle::{CheckError, LeaseHandle};
 pub use leasehold::{
     check_key, AcquireFailure, Config, ConfigBuilder, ConfigError, Duration, Fence, FenceGate,
     GateError, Holder, Identity, Instant, KeyError, LossReason, Owner, OwnerToken, Refusal,
-    StaleFence,
+    StaleFence, Stats,
 };
 pub use leasehold_driver::LockService;
-pub use state::{LeaseEnd, LeaseState, TimedEvent};
+pub use state::{LeaseEnd, LeaseState, LeaseStats, TimedEvent};
 pub use supervise::{supervise, SuperviseEnd, SuperviseOptions, Term};
 pub use time::LeaseClock;

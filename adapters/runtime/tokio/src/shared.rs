@@ -16,13 +16,13 @@ use futures_util::task::AtomicWaker;
 
 use leasehold::{
     AcquireFailure, Config, Duration, Event, Fence, Holder, Identity, Instant, Owner, OwnerToken,
-    Term, WriteGate,
+    Stats, Term, WriteGate,
 };
 use leasehold_driver::Report;
 use tokio::sync::{broadcast, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::{metrics, trace, LeaseClock, LeaseEnd, LeaseState, TimedEvent};
+use crate::{metrics, trace, LeaseClock, LeaseEnd, LeaseState, LeaseStats, TimedEvent};
 
 /// [`Shared::renewal_sent`] before any renewal was sent.
 const NOT_SENT: u64 = u64::MAX;
@@ -82,6 +82,8 @@ struct Status {
     last_holder: Option<Holder>,
     /// The lease is counted in the "leases held" gauge (granted, not yet ended).
     counted_held: bool,
+    /// Retries counted from the events, and the core's counters at the term's end.
+    stats: LeaseStats,
     /// Created on first request, so that leases nobody observes stay small.
     token: Option<CancellationToken>,
     watch: Option<watch::Sender<LeaseState>>,
@@ -116,6 +118,7 @@ impl Shared {
                 not_acquired: None,
                 last_holder: None,
                 counted_held: false,
+                stats: LeaseStats::default(),
                 token: None,
                 watch: None,
                 events: None,
@@ -162,6 +165,15 @@ impl Shared {
     pub(crate) fn token(&self) -> OwnerToken {
         let term = self.granted().map_or(Term(1), |(_, term)| term);
         self.owner.token(term)
+    }
+
+    pub(crate) fn stats(&self) -> LeaseStats {
+        self.status().stats
+    }
+
+    /// The driver's term is over: the core's counters, for the handles.
+    pub(crate) fn record_core_stats(&self, core: Stats) {
+        self.status().stats.core = core;
     }
 
     pub(crate) fn finished(&self) -> bool {
@@ -287,6 +299,19 @@ impl Shared {
         metrics::event(&self.key, &timed, rtt);
         {
             let mut status = self.status();
+            match event {
+                Event::AcquireFailed {
+                    retry_at: Some(_), ..
+                } => {
+                    status.stats.acquire_retries = status.stats.acquire_retries.saturating_add(1);
+                }
+                Event::RenewFailed {
+                    retry_at: Some(_), ..
+                } => {
+                    status.stats.renewal_retries = status.stats.renewal_retries.saturating_add(1);
+                }
+                _ => {}
+            }
             let next = match event {
                 Event::Acquired {
                     term,

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use leasehold::{Event, Fence, Instant, LossReason};
+use leasehold::{Event, Fence, Instant, LossReason, Stats};
 
 /// Where a lease is in its life, as seen by its handles.
 ///
@@ -123,4 +123,22 @@ pub struct TimedEvent {
     pub lease_time: Instant,
     /// What happened.
     pub event: Event,
+}
+
+/// Counters of one lease's term, from [`LeaseHandle::stats`](crate::LeaseHandle::stats).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseStats {
+    /// Acquire attempts that failed and were retried (held by another, or an
+    /// unknown outcome), counted as each retry is scheduled.
+    pub acquire_retries: u32,
+    /// Renewals whose outcome was unknown and that were retried inside the budget,
+    /// counted as each retry is scheduled.
+    pub renewal_retries: u32,
+    /// The core's counters: answers refused as stale and events overwritten before
+    /// the driver took them. The core keeps them inside the driver task, which hands
+    /// them over when the term ends (zero until then). Both stay zero with this
+    /// runtime's driver, which drops the answers the lease stopped waiting for and
+    /// takes every event after each step: a non-zero value is worth a bug report.
+    pub core: Stats,
 }

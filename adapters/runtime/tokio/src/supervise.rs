@@ -67,8 +67,10 @@ impl SuperviseOptions {
 pub struct Term {
     /// 1 for the first grant of this supervision, then 2, 3, …
     pub number: u32,
-    /// The fence of this term's grant: newer than every earlier term's.
-    pub fence: Fence,
+    /// The fence of this term's grant, newer than every earlier term's: for logs and
+    /// labels. **Not a permission to write**: write with the fence
+    /// `handle.check()` returns, which refuses once the lease is lost.
+    pub granted_fence: Fence,
     /// Cancelled the moment writes must stop: the lease was lost, or shutdown began.
     /// The job should return soon after; it is aborted after the grace.
     pub token: CancellationToken,
@@ -188,7 +190,7 @@ where
         let token = handle.cancellation_token();
         let term = Term {
             number,
-            fence: handle.fence(),
+            granted_fence: handle.granted_fence(),
             token: token.clone(),
             handle: handle.clone(),
         };

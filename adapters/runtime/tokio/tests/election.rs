@@ -173,7 +173,7 @@ async fn a_resignation_hands_over_within_one_jittered_retry_interval() {
     println!("handover: {handover} µs");
     // (+1 ms: tokio's timers round up to the millisecond.)
     assert!(handover <= 68_500, "handed over after {handover} µs");
-    assert!(b.fence() > resigning.fence());
+    assert!(b.granted_fence() > resigning.granted_fence());
     assert_eq!(service.grant(KEY).unwrap().identity, identity(1));
 }
 
@@ -193,7 +193,7 @@ async fn an_observer_sees_every_leader_within_one_retry_interval() {
     });
     timeline.until(100).await;
     let a = election(&service, 0).campaign().await.unwrap();
-    let a_fence = a.fence();
+    let a_fence = a.granted_fence();
     timeline.until(1_000).await;
     a.resign().await;
     timeline.until(2_000).await;
@@ -209,7 +209,10 @@ async fn an_observer_sees_every_leader_within_one_retry_interval() {
         })
     };
     let changes: Vec<Option<LeaderInfo>> = seen.iter().map(|&(_, c)| c).collect();
-    assert_eq!(changes, [None, info(0, a_fence), None, info(1, b.fence())]);
+    assert_eq!(
+        changes,
+        [None, info(0, a_fence), None, info(1, b.granted_fence())]
+    );
     // Polled every retry interval (45 ms): each change is seen within one.
     let at: Vec<u64> = seen.iter().map(|&(t, _)| t).collect();
     assert_eq!(at[0], 0);

@@ -5,12 +5,12 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
-use common::{config, ms, within, Kind, Recording, Timeline};
-use leasehold::{Event, Fence, FenceGate, GateError, LossReason, Owner};
+use common::{config, ms, poll_once, within, Kind, Recording, Timeline};
+use leasehold::{Config, Duration, Event, Fence, FenceGate, GateError, LossReason, Owner, Stats};
 use leasehold_tokio::memory::Scope;
 use leasehold_tokio::{
     acquire, acquire_with, try_acquire, AcquireError, AcquireOptions, CheckError, LeaseEnd,
-    LeaseHandle, LeaseState,
+    LeaseHandle, LeaseState, LeaseStats,
 };
 
 const KEY: &str = "orders";
@@ -96,9 +96,13 @@ async fn contend(fault: Fault) -> Contention {
         tokio::time::sleep(ms(1)).await;
     }
     b_task.abort();
-    let b = b_slot.lock().unwrap().as_ref().map(LeaseHandle::fence);
+    let b = b_slot
+        .lock()
+        .unwrap()
+        .as_ref()
+        .map(LeaseHandle::granted_fence);
     Contention {
-        a: a.fence(),
+        a: a.granted_fence(),
         b,
         both_passed,
         refused,
@@ -174,7 +178,7 @@ async fn dropping_the_last_handle_releases_the_key_in_the_background() {
     drop(clone);
     assert!(token.is_cancelled(), "writes stopped with the last handle");
     let b = within(3_000, b).await.unwrap();
-    assert_eq!(b.fence(), Fence(2));
+    assert_eq!(b.granted_fence(), Fence(2));
     // B's acquire retries about every 45 ms (jittered, 22.5 to 67.5 ms): its first
     // retry after 100 ms gets the key, long before A's 900 ms TTL would free it.
     assert!(
@@ -276,7 +280,7 @@ async fn try_acquire_gives_up_on_the_first_held_by_another() {
     else {
         panic!("{b:?}")
     };
-    assert_eq!(holder.fence, a.fence());
+    assert_eq!(holder.fence, a.granted_fence());
     assert_eq!(holder.identity, a_identity);
     assert_eq!(timeline.now_ms(), 0);
     timeline.until(1_000).await;
@@ -310,7 +314,7 @@ async fn a_lost_answer_to_an_acquire_is_retried_and_granted_idempotently() {
         "{}",
         timeline.now_ms()
     );
-    assert_eq!(lease.fence(), Fence(1));
+    assert_eq!(lease.granted_fence(), Fence(1));
     assert_eq!(service.stats().acquires, 2);
     assert_eq!(lease.check(), Ok(Fence(1)));
 }
@@ -482,7 +486,7 @@ async fn waiting_for_a_held_key_ends_at_the_bound_with_the_holder() {
     else {
         panic!("{err:?}")
     };
-    assert_eq!(holder.fence, a.fence());
+    assert_eq!(holder.fence, a.granted_fence());
     assert!(holder.remaining <= leasehold::Duration::from_millis(900));
     assert!(timeline.now_ms() <= 300, "{}", timeline.now_ms());
     assert!(err.to_string().starts_with("the key is held by "), "{err}");
@@ -505,4 +509,157 @@ async fn a_final_refusal_returns_at_once_even_without_a_wait_bound() {
         .count();
     assert_eq!(acquires, 1, "never retried");
     assert!(err.to_string().contains("credentials"), "{err}");
+}
+
+// ----- the fence to write with, why writes stopped, and the counters -----
+
+/// Moves the clock forward by `by` without letting any other task run: a worker
+/// waking from a pause before the driver task gets to run.
+fn jump_without_yielding(by: std::time::Duration) {
+    let mut advance = Box::pin(tokio::time::advance(by));
+    // The first poll moves the clock, then yields: Pending, and nothing else runs.
+    assert!(poll_once(&mut advance).is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_first_refusal_names_the_loss_before_the_driver_has_run() {
+    let timeline = Timeline::start();
+    let service = Recording::new();
+    let lease = acquire(service.clone(), KEY, config(900)).await.unwrap();
+    service.stall(lease.owner());
+    // Renewals go unanswered; until the safe deadline (854.1 ms) writes may go on.
+    timeline.until(854).await;
+    assert_eq!(lease.check(), Ok(Fence(1)));
+
+    jump_without_yielding(ms(1));
+    assert_eq!(
+        lease.end(),
+        None,
+        "the driver has not seen the deadline yet"
+    );
+    let refused = lease.check().unwrap_err();
+    assert_eq!(refused.loss(), Some(LossReason::Expired), "{refused}");
+    assert!(!refused.is_temporary());
+    assert_eq!(
+        lease.granted_fence(),
+        Fence(1),
+        "the granted fence stays: a label, not a permission"
+    );
+
+    // The driver then reports that very reason.
+    assert_eq!(
+        within(10, lease.lost()).await,
+        LeaseEnd::Lost(LossReason::Expired)
+    );
+    assert_eq!(lease.check().unwrap_err().loss(), Some(LossReason::Expired));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_revoked_lease_names_its_reason_at_the_first_refusal() {
+    let service = Recording::new();
+    let lease = acquire(service.clone(), KEY, config(900)).await.unwrap();
+    service.revoke(KEY).unwrap();
+    // Poll check() every millisecond: the first refusal already carries the reason.
+    let refused = within(1_000, async {
+        loop {
+            match lease.check() {
+                Ok(_) => tokio::time::sleep(ms(1)).await,
+                Err(refused) => return refused,
+            }
+        }
+    })
+    .await;
+    assert_eq!(refused.loss(), Some(LossReason::Revoked), "{refused}");
+    assert_eq!(
+        within(10, lease.lost()).await,
+        LeaseEnd::Lost(LossReason::Revoked)
+    );
+}
+
+/// Fail-closed pauses writes while a renewal's outcome is unknown; once the deadline
+/// has passed too, no renewal can lift the pause, and `check()` says so at once
+/// instead of a temporary `Paused`.
+#[tokio::test(start_paused = true)]
+async fn a_fail_closed_pause_past_its_deadline_is_refused_as_expired() {
+    let timeline = Timeline::start();
+    let service = Recording::new();
+    let config = Config::builder(Duration::from_millis(900))
+        .fail_closed(true)
+        .build()
+        .unwrap();
+    let lease = acquire(service.clone(), KEY, config).await.unwrap();
+    service.stall(lease.owner());
+    // The renewal sent at 300 ms times out at 390 ms: writes pause.
+    timeline.until(854).await;
+    let paused = lease.check().unwrap_err();
+    assert_eq!(paused, CheckError::Gate(GateError::Paused));
+    assert!(paused.is_temporary() && paused.loss().is_none());
+
+    jump_without_yielding(ms(1));
+    assert_eq!(
+        lease.end(),
+        None,
+        "the driver has not seen the deadline yet"
+    );
+    let refused = lease.check().unwrap_err();
+    assert!(
+        matches!(refused, CheckError::Gate(GateError::DeadlinePassed { .. })),
+        "{refused:?}"
+    );
+    assert!(!refused.is_temporary());
+    assert_eq!(refused.loss(), Some(LossReason::Expired));
+    assert_eq!(
+        within(10, lease.lost()).await,
+        LeaseEnd::Lost(LossReason::Expired)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn stats_count_retries_as_they_happen_and_the_core_counters_stay_zero() {
+    let timeline = Timeline::start();
+    let service = Recording::new();
+    let a = acquire_with(
+        service.clone(),
+        KEY,
+        config(900),
+        AcquireOptions::new().owner(Owner([0xa; 16])),
+    )
+    .await
+    .unwrap();
+    assert_eq!(a.stats(), LeaseStats::default());
+    let b = {
+        let service = service.clone();
+        tokio::spawn(acquire_with(
+            service,
+            KEY,
+            config(900),
+            AcquireOptions::new().owner(Owner([0xb; 16])),
+        ))
+    };
+
+    // Two renewals of A get no answer (300 ms, retried at 435 ms), the third goes
+    // through (570 ms).
+    service.drop_requests(a.owner(), 2);
+    timeline.until(600).await;
+    let stats = a.stats();
+    assert_eq!(stats.renewal_retries, 2, "{stats:?}");
+    assert_eq!(stats.acquire_retries, 0);
+
+    assert_eq!(a.release().await, LeaseEnd::Released);
+    let b = within(1_000, b).await.unwrap().unwrap();
+    let b_attempts = service.sent_ms(&timeline, b.token(), Kind::Acquire).len();
+    let b_stats = b.stats();
+    assert!(b_attempts > 2, "B waited: {b_attempts} attempts");
+    assert_eq!(
+        b_stats.acquire_retries as usize,
+        b_attempts - 1,
+        "every attempt but the granted one was a retry: {b_stats:?}"
+    );
+    assert_eq!(b_stats.renewal_retries, 0);
+
+    // A's term is over: the core's counters were handed over, and this driver never
+    // feeds the lease a stale answer nor lets an event be overwritten.
+    let a_stats = a.stats();
+    assert_eq!(a_stats.core, Stats::default(), "{a_stats:?}");
+    assert_eq!(a_stats.renewal_retries, 2);
 }

@@ -219,7 +219,7 @@ async fn not_owner_loses_the_lease_on_that_very_answer() {
     let b = try_acquire(service.clone(), KEY, config(900))
         .await
         .unwrap();
-    assert_eq!(b.fence(), Fence(2));
+    assert_eq!(b.granted_fence(), Fence(2));
     let b_grant = service.grant(KEY).unwrap();
 
     assert_eq!(
@@ -434,7 +434,7 @@ async fn a_pause_inside_the_budget_is_survived_and_one_far_outside_is_fenced() {
     // B takes over with a newer fence and writes; A's write, already past its
     // check, arrives after: storage refuses it.
     let b = within(3_000, b).await.unwrap();
-    assert_eq!(b.fence(), Fence(2));
+    assert_eq!(b.granted_fence(), Fence(2));
     assert_eq!(storage.admit(b.check().unwrap()), Ok(()));
     assert_eq!(
         storage.admit(fence),

@@ -47,7 +47,7 @@ fn worker(
                 let mut log = log.lock().unwrap();
                 log.push(Seen {
                     number: term.number,
-                    fence: term.fence,
+                    fence: term.granted_fence,
                     started_ms: timeline.now_ms(),
                     cancelled_ms: None,
                     cancelled_us: None,
@@ -65,8 +65,9 @@ fn worker(
                     let seen = &mut log[index];
                     seen.cancelled_ms = Some(timeline.now_ms());
                     seen.cancelled_us = Some(timeline.now_us());
-                    seen.held_at_service_when_cancelled =
-                        service.grant(KEY).is_some_and(|g| g.fence == term.fence);
+                    seen.held_at_service_when_cancelled = service
+                        .grant(KEY)
+                        .is_some_and(|g| g.fence == term.granted_fence);
                     if term.handle.check().is_ok() {
                         seen.wrote_after_cancel = true;
                     }
@@ -169,7 +170,7 @@ async fn a_job_that_returns_while_held_ends_supervision_and_releases() {
             async move {
                 tokio::time::sleep(ms(2_000)).await;
                 assert!(term.handle.check().is_ok());
-                fences.lock().unwrap().push(term.fence);
+                fences.lock().unwrap().push(term.granted_fence);
             }
         },
     )
@@ -261,7 +262,7 @@ async fn shutdown_while_waiting_for_a_held_key_returns_at_once_and_leaves_the_ho
     assert_eq!(end, SuperviseEnd::Shutdown);
     assert_eq!(timeline.now_ms(), 1_000);
     assert!(holder.check().is_ok());
-    assert_eq!(service.grant(KEY).unwrap().fence, holder.fence());
+    assert_eq!(service.grant(KEY).unwrap().fence, holder.granted_fence());
 }
 
 #[tokio::test(start_paused = true)]
@@ -302,7 +303,7 @@ async fn a_job_that_releases_its_lease_gets_a_new_term_after_a_jittered_pause() 
                 started
                     .lock()
                     .unwrap()
-                    .push((term.number, timeline.now_us(), term.fence));
+                    .push((term.number, timeline.now_us(), term.granted_fence));
                 if term.number == 1 {
                     tokio::time::sleep(ms(100)).await;
                     term.handle.release().await;

@@ -103,7 +103,7 @@ async fn a_tokio_lease_renews_and_releases() {
             .await
             .expect("renewed");
     }
-    assert_eq!(lease.check(), Ok(lease.fence()));
+    assert_eq!(lease.check(), Ok(lease.granted_fence()));
     assert_eq!(
         value(&mut outside, "orders").await,
         Some(format!("{}\nrenewer", lease.token().encode().as_str())),
@@ -173,7 +173,7 @@ async fn a_member_restart_while_holding_keeps_the_lease() {
         .await
         .expect("the lease survives the restart");
     eprintln!("first renewal after the kill: {:?} later", renewed - down);
-    assert_eq!(a.check(), Ok(a.fence()), "same term, same fence");
+    assert_eq!(a.check(), Ok(a.granted_fence()), "same term, same fence");
     storage.write(a.check().unwrap()).unwrap();
 
     let b_service = service.clone();
@@ -182,12 +182,16 @@ async fn a_member_restart_while_holding_keeps_the_lease() {
         try_acquire(Arc::new(b_service), "orders", config(3_000)),
     )
     .await;
-    assert_busy_with(refused.err(), a.fence());
+    assert_busy_with(refused.err(), a.granted_fence());
 
-    let a_fence = a.fence();
+    let a_fence = a.granted_fence();
     assert_eq!(within(2_000, a.release()).await, LeaseEnd::Released);
     let b = hold(&service, "orders", 3_000).await;
-    assert!(b.fence() > a_fence, "{} > {a_fence}", b.fence());
+    assert!(
+        b.granted_fence() > a_fence,
+        "{} > {a_fence}",
+        b.granted_fence()
+    );
     storage.write(b.check().unwrap()).unwrap();
     assert!(storage.write(a_fence).is_err(), "A's late write is refused");
     storage.assert_no_stale_admitted();
@@ -233,7 +237,11 @@ async fn etcd_down_longer_than_the_ttl_loses_the_lease_safely() {
         b_granted - back,
         b_granted - a_lost
     );
-    assert!(b.fence() > a_fence, "{} > {a_fence}", b.fence());
+    assert!(
+        b.granted_fence() > a_fence,
+        "{} > {a_fence}",
+        b.granted_fence()
+    );
     assert!(a_lost < b_granted);
     storage.write(b.check().unwrap()).unwrap();
     assert!(storage.write(a_fence).is_err(), "A's late write is refused");
@@ -286,8 +294,8 @@ async fn three_members_leader_killed_while_holding() {
         .await
         .expect("A's lease survives the leader change");
     eprintln!("A renewed {:?} after the kill", renewed - killed);
-    assert_eq!(a.check(), Ok(a.fence()));
-    assert_busy_with(contend(&service, "orders").await, a.fence());
+    assert_eq!(a.check(), Ok(a.granted_fence()));
+    assert_busy_with(contend(&service, "orders").await, a.granted_fence());
 
     // The crashed holder's lease expires; a contender then gets the key.
     let b = within(
@@ -297,7 +305,11 @@ async fn three_members_leader_killed_while_holding() {
     .await
     .expect("B acquires after the crashed holder's lease expires");
     eprintln!("B granted `jobs` {:?} after the kill", killed.elapsed());
-    assert!(b.fence() > crashed_fence, "{} > {crashed_fence}", b.fence());
+    assert!(
+        b.granted_fence() > crashed_fence,
+        "{} > {crashed_fence}",
+        b.granted_fence()
+    );
     storage.write(b.check().unwrap()).unwrap();
     assert!(
         storage.write(crashed_fence).is_err(),
@@ -340,7 +352,7 @@ async fn contenders_take_turns_with_increasing_fences() {
                     .expect("acquire");
                 let inside = holders.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 assert_eq!(inside, 0, "two holders at once");
-                grants.lock().unwrap().push(lease.fence());
+                grants.lock().unwrap().push(lease.granted_fence());
                 for _ in 0..5 {
                     let fence = lease.check().expect("held");
                     storage
@@ -424,7 +436,7 @@ async fn a_stalled_network_closes_the_gate_before_etcd_expires_the_key() {
     )
     .await
     .expect("B acquires after etcd's expiry");
-    assert!(b.fence() > a_fence);
+    assert!(b.granted_fence() > a_fence);
     storage.write(b.check().unwrap()).unwrap();
     assert!(storage.write(a_fence).is_err(), "A's late write is refused");
     storage.assert_no_stale_admitted();

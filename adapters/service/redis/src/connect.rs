@@ -38,8 +38,17 @@ impl RedisLockService {
     }
 
     /// Connects to `url` with the default settings (see [`builder`](Self::builder)).
+    ///
+    /// Fails while Redis is down; for a client that may start during an outage, use
+    /// [`connect_lazily`](Self::connect_lazily).
     pub async fn connect(url: &str) -> Result<RedisLockService, RedisLockError> {
         RedisLockService::builder(url).connect().await
+    }
+
+    /// A service for `url` with the default settings that connects on its first
+    /// request (see [`Builder::connect_lazily`]).
+    pub async fn connect_lazily(url: &str) -> Result<RedisLockService, RedisLockError> {
+        RedisLockService::builder(url).connect_lazily().await
     }
 }
 
@@ -91,6 +100,39 @@ impl Builder {
     /// credentials (`authentication failed: check the password`), and with a
     /// transport error naming `host:port` when Redis cannot be reached.
     pub async fn connect(self) -> Result<RedisLockService, RedisLockError> {
+        let (client, config, endpoint) = self.client()?;
+        let conn = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(|e| RedisLockError::from_redis(Op::Connect, &endpoint, e))?;
+        RedisLockService::from_connection_at(conn, &endpoint)
+            .await
+            .map(|s| s.with_request_timeout(self.request_timeout))
+    }
+
+    /// The service, without connecting: the first request connects (and every
+    /// request after a failed attempt tries again), so a client started while Redis
+    /// is down keeps working once it is up. Under `leasehold-tokio`, connecting is
+    /// then part of the bounded acquire: attempts made while Redis is down are
+    /// answered `Indeterminate(Transport)` and retried until the grant or the
+    /// acquire's wait bound, like any other outage.
+    ///
+    /// Fails only with [`RedisLockError::Config`], for a URL that cannot be used; a
+    /// wrong password is refused on the first request, for good
+    /// (`Refused(Unauthorized)`). The scripts are loaded on first use (Redis answers
+    /// `NOSCRIPT` once per script, which [`script_reloads`](RedisLockService::script_reloads)
+    /// counts). Async only because the connection manager needs the tokio runtime
+    /// it runs in; it sends nothing.
+    pub async fn connect_lazily(self) -> Result<RedisLockService, RedisLockError> {
+        let (client, config, endpoint) = self.client()?;
+        let manager = ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|e| RedisLockError::from_redis(Op::Connect, &endpoint, e))?;
+        Ok(RedisLockService::unloaded(manager, &endpoint)
+            .with_request_timeout(self.request_timeout))
+    }
+
+    /// The client for the URL (checked, with TLS roots when set), the connection
+    /// manager's settings and the endpoint (`host:port`, for messages).
+    fn client(&self) -> Result<(redis::Client, ConnectionManagerConfig, String), RedisLockError> {
         let redacted = check_url(&self.url)?;
         let config_error = |e: redis::RedisError| RedisLockError::Config {
             url: redacted.clone(),
@@ -125,12 +167,7 @@ impl Builder {
             .set_min_delay(self.reconnect_min_delay)
             .set_max_delay(self.reconnect_max_delay)
             .set_number_of_retries(self.reconnect_retries);
-        let conn = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(|e| RedisLockError::from_redis(Op::Connect, &endpoint, e))?;
-        RedisLockService::from_connection_at(conn, &endpoint)
-            .await
-            .map(|s| s.with_request_timeout(self.request_timeout))
+        Ok((client, config, endpoint))
     }
 }
 

@@ -26,6 +26,10 @@ pub enum Op {
     Holder,
     /// [`RedisLockService::raise_fence`](crate::RedisLockService::raise_fence).
     RaiseFence,
+    /// [`RedisLockService::fenced_write`](crate::RedisLockService::fenced_write).
+    FencedWrite,
+    /// [`RedisLockService::fenced_read`](crate::RedisLockService::fenced_read).
+    FencedRead,
 }
 
 impl fmt::Display for Op {
@@ -37,6 +41,8 @@ impl fmt::Display for Op {
             Op::Release => "release",
             Op::Holder => "holder",
             Op::RaiseFence => "raise fence",
+            Op::FencedWrite => "fenced write",
+            Op::FencedRead => "fenced read",
         })
     }
 }
@@ -331,6 +337,11 @@ impl fmt::Display for RedisLockError {
                     (Refusal::Unauthorized, _) => (
                         "authentication failed: check the password",
                         "and the user name, if the URL has one",
+                    ),
+                    (Refusal::WrongType, "LEASEHOLD") if *op == Op::FencedWrite => (
+                        "the fenced data's fence key holds something that is not a fence",
+                        "another program uses `{name}:data:fence`: pick another name, or \
+                         delete both of its keys (which forgets the newest fence)",
                     ),
                     (Refusal::WrongType, "LEASEHOLD") => (
                         "the lock's keys hold a value leasehold did not write",

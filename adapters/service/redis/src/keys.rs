@@ -1,4 +1,5 @@
-//! Key names: `{name}` and `{name}:fence`, one hash tag, one cluster slot.
+//! Key names: `{name}` and `{name}:fence` for a lock, `{name}:data` and
+//! `{name}:data:fence` for fenced storage; one hash tag each, one cluster slot.
 
 use leasehold::KeyError;
 
@@ -33,6 +34,39 @@ impl Keys {
         Ok(Keys {
             lock: format!("{{{name}}}"),
             fence: format!("{{{name}}}:fence"),
+        })
+    }
+}
+
+/// The two Redis keys of fenced resource `name` (see
+/// [`RedisLockService::fenced_write`](crate::RedisLockService::fenced_write)): the
+/// data, `{name}:data`, and the newest fence admitted for it, `{name}:data:fence`.
+///
+/// One hash tag, so one slot: the script that compares the fence and writes the data
+/// touches both. The names differ from a lock's keys, so a lock and the resource it
+/// protects may share a name.
+///
+/// ```
+/// let keys = leasehold_redis::FencedKeys::new("orders").unwrap();
+/// assert_eq!(keys.data, "{orders}:data");
+/// assert_eq!(keys.fence, "{orders}:data:fence");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FencedKeys {
+    /// `{name}:data`: the value, as written.
+    pub data: String,
+    /// `{name}:data:fence`: the newest fence admitted, decimal.
+    pub fence: String,
+}
+
+impl FencedKeys {
+    /// The keys of fenced resource `name`, if `name` follows the key rules
+    /// ([`leasehold::check_key`]), as for a lock.
+    pub fn new(name: &str) -> Result<FencedKeys, KeyError> {
+        leasehold::check_key(name)?;
+        Ok(FencedKeys {
+            data: format!("{{{name}}}:data"),
+            fence: format!("{{{name}}}:data:fence"),
         })
     }
 }

@@ -15,14 +15,18 @@ mod service;
 
 pub use connect::Builder;
 pub use error::{Op, ProtocolError, RedisLockError};
-pub use keys::Keys;
+pub use keys::{FencedKeys, Keys};
+/// The answer of [`RedisLockService::fenced_write`] and the value
+/// [`RedisLockService::fenced_read`] returns, shared with the SQL stores of
+/// `leasehold-storage`.
+pub use leasehold_storage::{Fenced, FencedWrite};
 pub use service::{Acquired, RedisLockService, Released, Renewed};
 
 /// The Lua scripts exactly as they are loaded into Redis (for audits, for
 /// `redis-benchmark`, or to `SCRIPT LOAD` them by hand). Each documents its keys,
 /// arguments and answers.
 pub mod lua {
-    pub use crate::scripts::{ACQUIRE, HOLDER, RAISE_FENCE, RELEASE, RENEW};
+    pub use crate::scripts::{ACQUIRE, FENCED_WRITE, HOLDER, RAISE_FENCE, RELEASE, RENEW};
 }
 
 /// A random 128-bit owner identity from the operating system's RNG.

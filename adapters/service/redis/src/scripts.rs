@@ -18,11 +18,13 @@
 use leasehold::{Duration, Fence, Holder, Identity};
 use redis::Value;
 
+use leasehold_storage::FencedWrite;
+
 use crate::error::{Op, ProtocolError};
 
 /// The scripts themselves live in `leasehold-resp` (no_std), the one source both
 /// services load: the same text, so the same SHA1.
-pub use leasehold_resp::scripts::{ACQUIRE, HOLDER, RAISE_FENCE, RELEASE, RENEW};
+pub use leasehold_resp::scripts::{ACQUIRE, FENCED_WRITE, HOLDER, RAISE_FENCE, RELEASE, RENEW};
 
 /// What the acquire script answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,6 +81,27 @@ pub(crate) fn parse_raise_fence(value: &Value) -> Result<Fence, ProtocolError> {
         .and_then(|s| s.parse::<u64>().ok())
         .map(Fence)
         .ok_or_else(|| ProtocolError::new(op, "the fence counter as a decimal string", value))
+}
+
+/// What the fenced-write script answered for `presented`: `[1, presented]` (written)
+/// or `[0, newest]` with `newest` newer than `presented` (stale).
+pub(crate) fn parse_fenced_write(
+    presented: Fence,
+    value: &Value,
+) -> Result<FencedWrite, ProtocolError> {
+    let op = Op::FencedWrite;
+    let expected = "[1, the presented fence] or [0, a newer fence]";
+    let items = array(op, value)?;
+    let (tag, fence_text) = match items {
+        [tag, fence_value] => (int(op, tag)?, text(fence_value)),
+        _ => return Err(ProtocolError::new(op, expected, value)),
+    };
+    let fence = fence_text.and_then(|s| s.parse::<u64>().ok()).map(Fence);
+    match (tag, fence) {
+        (1, Some(fence)) if fence == presented => Ok(FencedWrite::Written),
+        (0, Some(newest)) if newest > presented => Ok(FencedWrite::Stale { presented, newest }),
+        _ => Err(ProtocolError::new(op, expected, value)),
+    }
 }
 
 /// `[fence, identity, pttl]` of a held key.
@@ -239,6 +262,35 @@ mod tests {
             Value::Array(vec![Value::Int(1), bulk("0"), bulk(""), Value::Int(1)]),
         ] {
             assert!(parse_holder(&garbage).is_err(), "{garbage:?}");
+        }
+    }
+
+    #[test]
+    fn fenced_write_replies_are_checked_against_the_presented_fence() {
+        let written = Value::Array(vec![Value::Int(1), bulk("18446744073709551615")]);
+        assert_eq!(
+            parse_fenced_write(Fence(u64::MAX), &written),
+            Ok(FencedWrite::Written)
+        );
+        let stale = Value::Array(vec![Value::Int(0), bulk("9")]);
+        assert_eq!(
+            parse_fenced_write(Fence(7), &stale),
+            Ok(FencedWrite::Stale {
+                presented: Fence(7),
+                newest: Fence(9)
+            })
+        );
+        for garbage in [
+            Value::Array(vec![Value::Int(1), bulk("8")]),
+            Value::Array(vec![Value::Int(0), bulk("7")]),
+            Value::Array(vec![Value::Int(0), bulk("5")]),
+            Value::Array(vec![Value::Int(0), bulk("18446744073709551616")]),
+            Value::Array(vec![Value::Int(2), bulk("7")]),
+            Value::Array(vec![Value::Int(1)]),
+            Value::Int(1),
+        ] {
+            let err = parse_fenced_write(Fence(7), &garbage).unwrap_err();
+            assert_eq!(err.op, Op::FencedWrite, "{garbage:?}");
         }
     }
 

@@ -4,11 +4,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use leasehold::{Duration, Fence, Holder, Identity, OwnerToken};
+use leasehold_storage::{Fenced, FencedWrite};
 use redis::aio::{ConnectionLike, ConnectionManager};
-use redis::{ErrorKind, ServerErrorKind, Value};
+use redis::{ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 
 use crate::error::{Op, ProtocolError, RedisLockError};
-use crate::keys::Keys;
+use crate::keys::{FencedKeys, Keys};
 use crate::scripts::{self, AcquireReply};
 
 /// A Redis lock service: one connection shared by every lease that uses it.
@@ -38,6 +39,7 @@ struct Shared {
     release: Script,
     holder: Script,
     raise_fence: Script,
+    fenced_write: Script,
     reloads: AtomicU64,
 }
 
@@ -127,7 +129,25 @@ where
         conn: C,
         endpoint: &str,
     ) -> Result<RedisLockService<C>, RedisLockError> {
-        let service = RedisLockService {
+        let service = RedisLockService::unloaded(conn, endpoint);
+        let shared = &service.shared;
+        for script in [
+            &shared.acquire,
+            &shared.renew,
+            &shared.release,
+            &shared.holder,
+            &shared.raise_fence,
+            &shared.fenced_write,
+        ] {
+            service.load(Op::Connect, script).await?;
+        }
+        Ok(service)
+    }
+
+    /// The service on `conn`, the scripts not loaded: the first `EVALSHA` of each
+    /// meets `NOSCRIPT` and loads it.
+    pub(crate) fn unloaded(conn: C, endpoint: &str) -> RedisLockService<C> {
+        RedisLockService {
             conn,
             request_timeout: None,
             shared: Arc::new(Shared {
@@ -137,20 +157,10 @@ where
                 release: Script::new(scripts::RELEASE),
                 holder: Script::new(scripts::HOLDER),
                 raise_fence: Script::new(scripts::RAISE_FENCE),
+                fenced_write: Script::new(scripts::FENCED_WRITE),
                 reloads: AtomicU64::new(0),
             }),
-        };
-        let shared = &service.shared;
-        for script in [
-            &shared.acquire,
-            &shared.renew,
-            &shared.release,
-            &shared.holder,
-            &shared.raise_fence,
-        ] {
-            service.load(Op::Connect, script).await?;
         }
-        Ok(service)
     }
 
     /// Bounds every typed call by `timeout` (`None`: unbounded).
@@ -264,7 +274,7 @@ where
         let op = Op::Holder;
         let keys = keys_of(op, name)?;
         let value = self
-            .eval(op, &self.shared.holder, &[&keys.lock], &[])
+            .eval::<&str>(op, &self.shared.holder, &[&keys.lock], &[])
             .await?;
         scripts::parse_holder(&value).map_err(|e| self.protocol(e))
     }
@@ -317,13 +327,85 @@ where
         }
     }
 
+    /// Writes `value` to fenced resource `name` if `fence` is at least the newest
+    /// fence admitted for it (equal is admitted: the same holder writes again), in one
+    /// script, atomically with the write; otherwise writes nothing and answers
+    /// [`FencedWrite::Stale`] with the newest fence.
+    ///
+    /// This is storage's side of fencing, for data kept in Redis: send the fence from
+    /// the lease's `check()` with every write. The value goes to `{name}:data` and
+    /// the newest fence to `{name}:data:fence` ([`FencedKeys`]), one slot; fences are
+    /// compared as decimal strings, exact over all of `u64`. The Redis that stores
+    /// the data need not be the lock service's: build a second service on it.
+    ///
+    /// Fails with `InvalidKey` (nothing sent) for a name that breaks the key rules,
+    /// and with `Refused` when the fence key holds something that is not a fence.
+    pub async fn fenced_write(
+        &self,
+        name: &str,
+        fence: Fence,
+        value: &[u8],
+    ) -> Result<FencedWrite, RedisLockError> {
+        let op = Op::FencedWrite;
+        let keys = fenced_keys_of(op, name)?;
+        let presented = fence.0.to_string();
+        let reply = self
+            .eval(
+                op,
+                &self.shared.fenced_write,
+                &[&keys.data, &keys.fence],
+                &[presented.as_bytes(), value],
+            )
+            .await?;
+        scripts::parse_fenced_write(fence, &reply).map_err(|e| self.protocol(e))
+    }
+
+    /// The value of fenced resource `name` and the fence it was written with (one
+    /// `MGET`, so both from the same instant), or `None` before the first write.
+    pub async fn fenced_read(&self, name: &str) -> Result<Option<Fenced>, RedisLockError> {
+        let op = Op::FencedRead;
+        let keys = fenced_keys_of(op, name)?;
+        let endpoint = self.shared.endpoint.as_str();
+        let call = async {
+            let mut conn = self.conn.clone();
+            redis::cmd("MGET")
+                .arg(&keys.data)
+                .arg(&keys.fence)
+                .query_async::<Value>(&mut conn)
+                .await
+                .map_err(|e| RedisLockError::from_redis(op, endpoint, e))
+        };
+        let reply = self.bounded(op, call).await?;
+        let fenced = match &reply {
+            Value::Array(items) => match items.as_slice() {
+                [Value::Nil, Value::Nil] => return Ok(None),
+                [Value::BulkString(value), Value::BulkString(fence)] => std::str::from_utf8(fence)
+                    .ok()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .map(|fence| Fenced {
+                        value: value.clone(),
+                        fence: Fence(fence),
+                    }),
+                _ => None,
+            },
+            _ => None,
+        };
+        fenced.map(Some).ok_or_else(|| {
+            self.protocol(ProtocolError::new(
+                op,
+                "both the data and its fence (a decimal u64), or neither",
+                &reply,
+            ))
+        })
+    }
+
     /// `EVALSHA`, reloading the script once on `NOSCRIPT`, bounded by the timeout.
-    async fn eval(
+    async fn eval<A: ToRedisArgs + Sync>(
         &self,
         op: Op,
         script: &Script,
         keys: &[&str],
-        args: &[&str],
+        args: &[A],
     ) -> Result<Value, RedisLockError> {
         let endpoint = self.shared.endpoint.as_str();
         let call = async {
@@ -342,6 +424,16 @@ where
                 other => other.map_err(|e| RedisLockError::from_redis(op, endpoint, e)),
             }
         };
+        self.bounded(op, call).await
+    }
+
+    /// `call`, bounded by the request timeout.
+    async fn bounded<T>(
+        &self,
+        op: Op,
+        call: impl std::future::Future<Output = Result<T, RedisLockError>>,
+    ) -> Result<T, RedisLockError> {
+        let endpoint = self.shared.endpoint.as_str();
         match self.request_timeout {
             Some(after) => tokio::time::timeout(after, call).await.unwrap_or_else(|_| {
                 Err(RedisLockError::Timeout {
@@ -368,6 +460,19 @@ fn keys_of(op: Op, name: &str) -> Result<Keys, RedisLockError> {
             key.push('…');
         }
         RedisLockError::InvalidKey { op, key, error }
+    })
+}
+
+/// The keys of fenced resource `name`, or why `name` cannot be one.
+fn fenced_keys_of(op: Op, name: &str) -> Result<FencedKeys, RedisLockError> {
+    FencedKeys::new(name).map_err(|error| match keys_of(op, name) {
+        Err(invalid) => invalid,
+        // The same rules: a name refused here is refused there.
+        Ok(_) => RedisLockError::InvalidKey {
+            op,
+            key: name.to_owned(),
+            error,
+        },
     })
 }
 

@@ -117,7 +117,7 @@ fn a_busy_key_names_its_holder_and_a_wrong_type_is_refused_at_once() {
             panic!("{err:?}")
         };
         assert_eq!(who.identity.as_str(), "first-holder");
-        assert_eq!(who.fence, holder.fence());
+        assert_eq!(who.fence, holder.granted_fence());
         holder.release().await;
 
         // A key another program made a list: refused at once, though unbounded.
@@ -163,7 +163,7 @@ fn contenders_through_the_adapter_never_overlap() {
                     else {
                         break;
                     };
-                    let fence = lease.fence();
+                    let fence = lease.granted_fence();
                     let hold = std_ms(10 + (contender * 37 + round * 53) % 200);
                     let until = tokio::time::Instant::now() + hold;
                     let mut first_write = None;
@@ -200,4 +200,119 @@ fn contenders_through_the_adapter_never_overlap() {
         assert!(fb > fa, "fences increase: {fa} then {fb}");
         assert!(last_a < first_b, "{fa} still writing after {fb} started");
     }
+}
+
+/// A lock service that counts the acquire attempts it is asked for: how the test
+/// knows the acquire has already tried before Redis comes up.
+struct Observed {
+    inner: RedisLockService,
+    attempts: tokio::sync::watch::Sender<usize>,
+}
+
+impl leasehold_driver::LockService for Observed {
+    async fn acquire(
+        &self,
+        key: &str,
+        token: leasehold::OwnerToken,
+        identity: &Identity,
+        ttl: leasehold::Duration,
+    ) -> leasehold::AcquireOutcome {
+        self.attempts.send_modify(|n| *n += 1);
+        self.inner.acquire(key, token, identity, ttl).await
+    }
+    async fn renew(
+        &self,
+        key: &str,
+        token: leasehold::OwnerToken,
+        fence: Fence,
+        ttl: leasehold::Duration,
+    ) -> leasehold::RenewOutcome {
+        self.inner.renew(key, token, fence, ttl).await
+    }
+    async fn release(&self, key: &str, token: leasehold::OwnerToken) -> leasehold::ReleaseOutcome {
+        self.inner.release(key, token).await
+    }
+    async fn holder(&self, key: &str) -> leasehold::HolderOutcome {
+        self.inner.holder(key).await
+    }
+}
+
+/// A client started during an outage: `connect()` fails, `connect_lazily()` does not,
+/// and an acquire begun while Redis is down keeps trying inside its wait bound (each
+/// attempt an unknown outcome: a transport error, or no answer within the request
+/// timeout while the connection is retried) and is granted once a `redis-server`
+/// comes up on that port.
+#[test]
+fn a_lazily_connected_service_acquires_once_redis_comes_up_inside_the_wait_bound() {
+    let mut server = RedisServer::start();
+    server.stop();
+    runtime().block_on(async {
+        let url = server.url();
+        let eager = RedisLockService::connect(&url).await.unwrap_err();
+        assert!(
+            matches!(eager, leasehold_redis::RedisLockError::Transport { .. }),
+            "{eager:?}"
+        );
+
+        let (attempts, mut seen) = tokio::sync::watch::channel(0);
+        let inner = RedisLockService::connect_lazily(&url).await.unwrap();
+        let service = Arc::new(Observed { inner, attempts });
+        let options = AcquireOptions::new().max_wait(StdDuration::from_secs(20));
+        let acquiring = tokio::spawn(acquire_with(service, "outage", config(1_000), options));
+
+        // Three attempts while nothing listens (the third starts after the first two
+        // ended without a grant).
+        tokio::time::timeout(StdDuration::from_secs(10), seen.wait_for(|n| *n >= 3))
+            .await
+            .expect("three attempts within 10 s")
+            .unwrap();
+        assert!(!acquiring.is_finished(), "still trying, not failed");
+
+        // Redis comes up on the same port, after the acquire began.
+        tokio::task::block_in_place(|| server.restart());
+        let lease = tokio::time::timeout(StdDuration::from_secs(10), acquiring)
+            .await
+            .expect("granted within 10 s of Redis coming up")
+            .unwrap()
+            .expect("granted");
+        assert_eq!(lease.check(), Ok(Fence(1)));
+        assert_eq!(lease.release().await, LeaseEnd::Released);
+    });
+}
+
+/// The same lazy service, Redis never coming up: the acquire keeps trying, and ends
+/// by its wait bound with a typed error — not at the first failed connection, and
+/// not never. (The core gives up as soon as the next retry would fall past the
+/// bound, so the end may come a retry interval before it.)
+#[test]
+fn a_lazily_connected_service_ends_at_the_wait_bound_while_redis_stays_down() {
+    let mut server = RedisServer::start();
+    server.stop();
+    runtime().block_on(async {
+        let (attempts, seen) = tokio::sync::watch::channel(0);
+        let inner = RedisLockService::connect_lazily(&server.url())
+            .await
+            .unwrap();
+        let service = Arc::new(Observed { inner, attempts });
+        let bound = StdDuration::from_millis(1_500);
+        let started = tokio::time::Instant::now();
+        let options = AcquireOptions::new().max_wait(bound);
+        let err = tokio::time::timeout(
+            StdDuration::from_secs(10),
+            acquire_with(service, "outage", config(1_000), options),
+        )
+        .await
+        .expect("the acquire ends")
+        .unwrap_err();
+        let took = started.elapsed();
+        assert!(matches!(err, AcquireError::Unavailable(_)), "{err:?}");
+        let attempts = *seen.borrow();
+        assert!(attempts >= 3, "kept trying: {attempts} attempts");
+        // The bound, plus at most one request timeout (100 ms at T = 1 s), with room
+        // for a loaded machine.
+        assert!(
+            took < bound + StdDuration::from_millis(1_000),
+            "ended after {took:?}"
+        );
+    });
 }

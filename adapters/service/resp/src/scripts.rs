@@ -134,6 +134,39 @@ redis.call('SET', KEYS[1], want)
 return want
 ";
 
+/// Fenced storage in Redis: a write admitted only with a fence at least as new as
+/// the newest admitted for the resource, atomically with the write (the
+/// [`FenceGate`](leasehold::FenceGate) rule, inside Redis).
+///
+/// `KEYS[1]` the data key, `KEYS[2]` the newest admitted fence (both with the same
+/// hash tag, so one slot); `ARGV[1]` the presented fence (decimal, no leading zeros),
+/// `ARGV[2]` the value. When `ARGV[1]` is at least the newest fence (or none was
+/// admitted yet): `SET` of the value, then of the fence, and answers `{1, fence}`;
+/// an equal fence is admitted (the same holder writes again). Otherwise writes
+/// nothing and answers `{0, newest}`. Fences are compared as decimal strings (by
+/// length, then lexically), so they stay exact past Lua's 2^53. Error `LEASEHOLD`
+/// when the presented fence or the stored newest fence is not a non-negative
+/// integer, before anything is written.
+pub const FENCED_WRITE: &str = r"
+local presented = ARGV[1]
+if presented ~= '0' and not string.match(presented, '^[1-9]%d*$') then
+  return redis.error_reply('LEASEHOLD the presented fence is not a non-negative integer')
+end
+local newest = redis.call('GET', KEYS[2])
+if newest then
+  if newest ~= '0' and not string.match(newest, '^[1-9]%d*$') then
+    return redis.error_reply('LEASEHOLD the newest-fence key is not a non-negative integer')
+  end
+  local have, want = string.len(newest), string.len(presented)
+  if have > want or (have == want and newest > presented) then
+    return {0, newest}
+  end
+end
+redis.call('SET', KEYS[1], ARGV[2])
+redis.call('SET', KEYS[2], presented)
+return {1, presented}
+";
+
 /// The Lua pattern of a lock value that [`ACQUIRE`] and [`HOLDER`] share, as spliced
 /// into both.
 pub const LOCK_VALUE_PATTERN: &str = lock_value_pattern!();
@@ -148,6 +181,8 @@ pub const RELEASE_SHA: &str = "9163eed6d417f7cf0a3bab41619e7d35e0765941";
 pub const HOLDER_SHA: &str = "36709e2b26446792ab822d0f3e39924a63f53d3e";
 /// SHA1 of [`RAISE_FENCE`].
 pub const RAISE_FENCE_SHA: &str = "0b0aa065ef72ede5bc6c2c7c39824e8078d61a8c";
+/// SHA1 of [`FENCED_WRITE`].
+pub const FENCED_WRITE_SHA: &str = "158c43cccf4137d8a4d36be8541122d3d5b313b7";
 
 #[cfg(test)]
 mod tests {
@@ -165,6 +200,7 @@ mod tests {
             ("RELEASE", RELEASE, RELEASE_SHA),
             ("HOLDER", HOLDER, HOLDER_SHA),
             ("RAISE_FENCE", RAISE_FENCE, RAISE_FENCE_SHA),
+            ("FENCED_WRITE", FENCED_WRITE, FENCED_WRITE_SHA),
         ] {
             let actual = sha1_smol::Sha1::from(script).digest().to_string();
             if actual != sha {

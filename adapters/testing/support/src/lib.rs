@@ -10,10 +10,16 @@
 //!   (`SIGSTOP`), resume, restart on the same port and directory; killed on drop.
 //! * [`EtcdCluster`] — one or more real `etcd` members on loopback: stop, kill,
 //!   pause, resume, restart a member, find the leader; every member killed on drop.
+//! * [`PostgresServer`] — a real PostgreSQL cluster of its own (`initdb` in a scratch
+//!   dir, `postgres` on a free loopback port; as the `postgres` user when run as
+//!   root): stop, restart; shut down on drop.
 //! * [`Proxy`] — a loopback TCP proxy that forwards, stalls (stops forwarding, keeps
 //!   connections open), resumes, cuts every connection, retargets, or rewrites
 //!   replies.
 //! * [`Storage`] — the resource a lock protects: admits writes by fence, logs them.
+//! * [`FencePlan`] / [`check_fenced_history`] — concurrent writers with interleaved
+//!   fences against a fenced store, and the check that it never admitted an older
+//!   fence after a newer one.
 //! * [`wait_for`] — the bounded, event-driven wait used instead of bare sleeps.
 //!
 //! The starters are blocking (`std::process`, `std::thread::sleep` while waiting for
@@ -25,7 +31,9 @@
 mod binary;
 mod dirs;
 pub mod etcd;
+pub mod fenced;
 mod ports;
+pub mod postgres;
 mod process;
 pub mod proxy;
 pub mod redis;
@@ -35,7 +43,9 @@ mod wait;
 pub use binary::{binary, binary_in, MissingBinary};
 pub use dirs::{fast_scratch_dir, scratch_dir, ScratchDir};
 pub use etcd::{EtcdCluster, Timing};
+pub use fenced::{check_fenced_history, Answer, FencePlan, HistoryCounts};
 pub use ports::free_port;
+pub use postgres::PostgresServer;
 pub use proxy::{Proxy, ProxyMode};
 pub use redis::{RedisOptions, RedisServer, TlsFiles};
 pub use storage::Storage;

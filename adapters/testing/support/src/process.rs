@@ -68,8 +68,14 @@ pub(crate) fn kill_and_reap(mut child: Child) {
 
 /// `SIGTERM` (and `SIGCONT`, in case it was paused), then waits for the exit; kills it
 /// if it has not exited within [`STOP_GRACE`].
-pub(crate) fn stop_and_reap(mut child: Child, what: &str) {
-    send(&child, Signal::SIGTERM, what);
+pub(crate) fn stop_and_reap(child: Child, what: &str) {
+    end_and_reap(child, Signal::SIGTERM, what);
+}
+
+/// [`stop_and_reap`] with `signal` instead of `SIGTERM`, for servers whose shutdown
+/// modes are signals (PostgreSQL: `SIGINT` fast, `SIGQUIT` immediate).
+pub(crate) fn end_and_reap(mut child: Child, signal: Signal, what: &str) {
+    send(&child, signal, what);
     send(&child, Signal::SIGCONT, what);
     let give_up = Instant::now() + STOP_GRACE;
     while Instant::now() < give_up {

@@ -1,0 +1,250 @@
+//! Fenced writes in PostgreSQL, through `tokio-postgres`.
+//!
+//! The table has a fence column beside the value, and every write is one guarded
+//! upsert: the row is inserted, or updated only when the stored fence is not newer
+//! than the one presented. PostgreSQL locks the row for the update, so concurrent
+//! writers are decided one at a time against the committed newest fence, in any
+//! isolation level that lets the statement run (`READ COMMITTED`, the default; under
+//! `REPEATABLE READ` and `SERIALIZABLE` a concurrent write is a serialization error
+//! to retry, as for any update).
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS fenced (
+//!     key   TEXT   PRIMARY KEY,
+//!     value BYTEA  NOT NULL,
+//!     fence BIGINT NOT NULL CHECK (fence >= 0)
+//! );
+//! INSERT INTO fenced AS stored (key, value, fence) VALUES ($1, $2, $3)
+//! ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, fence = EXCLUDED.fence
+//!     WHERE stored.fence <= EXCLUDED.fence
+//! RETURNING fence;
+//! ```
+//!
+//! No row back means refused; a second statement then reads the newest fence for
+//! the answer (it is at least the one that refused the write: fences in the table
+//! only rise). In a table of your own, the same guard on an `UPDATE` does it:
+//! `UPDATE t SET …, fence = $2 WHERE key = $1 AND fence <= $2` — one row updated is
+//! admitted, none is stale. The guard is `<=`, not `<`: the holder of the newest
+//! fence writes again and again.
+//!
+//! Fences are `BIGINT`: exact up to [`MAX_SQL_FENCE`](crate::MAX_SQL_FENCE) (2^63 − 1);
+//! a larger fence is refused before anything is sent.
+
+use std::fmt;
+
+use leasehold::Fence;
+use tokio_postgres::GenericClient;
+
+use crate::table::{from_sql, to_sql};
+use crate::{FenceOutOfRange, Fenced, FencedWrite, InvalidTableName, TableName};
+
+/// How often a write is tried again when the row changed under it in a way no fenced
+/// write makes (deleted, or its fence lowered by hand) between the refused upsert and
+/// the read of the newest fence.
+const ATTEMPTS: usize = 3;
+
+/// A table of fenced values: the statements for one table name, built once.
+///
+/// ```no_run
+/// # async fn demo(client: &tokio_postgres::Client) -> Result<(), Box<dyn std::error::Error>> {
+/// use leasehold_storage::{postgres::FencedTable, Fence, FencedWrite};
+///
+/// let table = FencedTable::new("fenced")?;
+/// table.create(client).await?;
+/// let fence = Fence(7); // from lease.check()
+/// match table.write(client, "orders", fence, b"v2").await? {
+///     FencedWrite::Written => {}
+///     FencedWrite::Stale { newest, .. } => return Err(format!("lost to {newest}").into()),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct FencedTable {
+    name: TableName,
+    create: String,
+    write: String,
+    newest: String,
+    read: String,
+}
+
+impl FencedTable {
+    /// The statements for table `name` (a plain identifier: see [`TableName`]).
+    pub fn new(name: &str) -> Result<FencedTable, InvalidTableName> {
+        let name = TableName::new(name)?;
+        Ok(FencedTable {
+            create: format!(
+                "CREATE TABLE IF NOT EXISTS {name} (\n    key   TEXT   PRIMARY KEY,\n    \
+                 value BYTEA  NOT NULL,\n    fence BIGINT NOT NULL CHECK (fence >= 0)\n)"
+            ),
+            write: format!(
+                "INSERT INTO {name} AS stored (key, value, fence) VALUES ($1, $2, $3)\n\
+                 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, fence = EXCLUDED.fence\n    \
+                 WHERE stored.fence <= EXCLUDED.fence\nRETURNING fence"
+            ),
+            newest: format!("SELECT fence FROM {name} WHERE key = $1"),
+            read: format!("SELECT value, fence FROM {name} WHERE key = $1"),
+            name,
+        })
+    }
+
+    /// The table's name.
+    pub fn name(&self) -> &TableName {
+        &self.name
+    }
+
+    /// The `CREATE TABLE IF NOT EXISTS` statement, for a migration of your own.
+    pub fn create_sql(&self) -> &str {
+        &self.create
+    }
+
+    /// The guarded upsert every [`write`](Self::write) runs (`$1` key, `$2` value,
+    /// `$3` fence).
+    pub fn write_sql(&self) -> &str {
+        &self.write
+    }
+
+    /// Creates the table unless it exists.
+    pub async fn create(&self, client: &impl GenericClient) -> Result<(), Error> {
+        client
+            .batch_execute(&self.create)
+            .await
+            .map_err(Error::Postgres)
+    }
+
+    /// Stores `value` under `key` if `fence` is at least the newest fence admitted
+    /// for `key` (equal is admitted), in one statement; otherwise stores nothing and
+    /// answers [`FencedWrite::Stale`] with the newest fence.
+    pub async fn write(
+        &self,
+        client: &impl GenericClient,
+        key: &str,
+        fence: Fence,
+        value: &[u8],
+    ) -> Result<FencedWrite, Error> {
+        let presented = to_sql(fence).map_err(Error::FenceOutOfRange)?;
+        for _ in 0..ATTEMPTS {
+            let admitted = client
+                .query_opt(&self.write, &[&key, &value, &presented])
+                .await
+                .map_err(Error::Postgres)?;
+            if admitted.is_some() {
+                return Ok(FencedWrite::Written);
+            }
+            let newest = client
+                .query_opt(&self.newest, &[&key])
+                .await
+                .map_err(Error::Postgres)?;
+            if let Some(row) = newest {
+                let newest = stored_fence(key, row.try_get(0).map_err(Error::Postgres)?)?;
+                if newest > fence {
+                    return Ok(FencedWrite::Stale {
+                        presented: fence,
+                        newest,
+                    });
+                }
+            }
+        }
+        Err(Error::Unsettled {
+            key: key.to_owned(),
+        })
+    }
+
+    /// The value stored under `key` and its fence, or `None` if nothing was written.
+    pub async fn read(
+        &self,
+        client: &impl GenericClient,
+        key: &str,
+    ) -> Result<Option<Fenced>, Error> {
+        let Some(row) = client
+            .query_opt(&self.read, &[&key])
+            .await
+            .map_err(Error::Postgres)?
+        else {
+            return Ok(None);
+        };
+        let value: Vec<u8> = row.try_get(0).map_err(Error::Postgres)?;
+        let fence = stored_fence(key, row.try_get(1).map_err(Error::Postgres)?)?;
+        Ok(Some(Fenced { value, fence }))
+    }
+}
+
+fn stored_fence(key: &str, stored: i64) -> Result<Fence, Error> {
+    from_sql(stored).ok_or_else(|| Error::CorruptFence {
+        key: key.to_owned(),
+        found: stored,
+    })
+}
+
+/// Why a fenced write or read failed. A stale fence is not an error: it is
+/// [`FencedWrite::Stale`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The fence does not fit `BIGINT`; nothing was sent.
+    FenceOutOfRange(FenceOutOfRange),
+    /// The table holds a negative fence for the key: not written by a fenced write
+    /// (the column's `CHECK` forbids it), so the table cannot be trusted.
+    CorruptFence {
+        /// The key.
+        key: String,
+        /// The fence found.
+        found: i64,
+    },
+    /// The write was refused, yet the fence read after it was not newer, three times
+    /// in a row: something other than fenced writes deletes or lowers the row.
+    Unsettled {
+        /// The key.
+        key: String,
+    },
+    /// PostgreSQL failed the statement (connection, permissions, no such table…).
+    Postgres(tokio_postgres::Error),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::FenceOutOfRange(e) => write!(f, "fenced write refused: {e}"),
+            Error::CorruptFence { key, found } => write!(
+                f,
+                "the fenced row of `{key}` holds fence {found}, which no fenced write stores"
+            ),
+            Error::Unsettled { key } => write!(
+                f,
+                "the fenced write of `{key}` was refused, but no newer fence was found: \
+                 something else deletes or rewrites the row"
+            ),
+            Error::Postgres(e) => match e.as_db_error() {
+                // `tokio_postgres::Error` alone says only "db error".
+                Some(db) => write!(
+                    f,
+                    "fenced write: PostgreSQL answered {} {}: {}",
+                    db.severity(),
+                    db.code().code(),
+                    db.message()
+                ),
+                None => write!(f, "fenced write: PostgreSQL failed: {e}"),
+            },
+        }
+    }
+}
+
+/// The message is complete on its own (PostgreSQL's error is part of it), so
+/// `source()` is `None` and a log line prints the cause once.
+impl std::error::Error for Error {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_guard_admits_an_equal_fence() {
+        let table = FencedTable::new("t").unwrap();
+        assert!(table
+            .write_sql()
+            .contains("WHERE stored.fence <= EXCLUDED.fence"));
+        assert!(table
+            .create_sql()
+            .starts_with("CREATE TABLE IF NOT EXISTS t ("));
+        assert!(FencedTable::new("t; --").is_err());
+    }
+}

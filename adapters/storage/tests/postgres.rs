@@ -1,0 +1,166 @@
+//! Fenced writes against a real PostgreSQL cluster started by the test.
+
+use std::sync::Arc;
+
+use leasehold_storage::postgres::{Error, FencedTable};
+use leasehold_storage::{Fence, FencedWrite, MAX_SQL_FENCE};
+use leasehold_test_support::{check_fenced_history, Answer, FencePlan, PostgresServer};
+use tokio_postgres::{Client, NoTls};
+
+async fn connect(server: &PostgresServer) -> Client {
+    let (client, connection) = tokio_postgres::connect(&server.conninfo(), NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {}: {e}", server.conninfo()));
+    tokio::spawn(connection);
+    client
+}
+
+#[tokio::test]
+async fn equal_and_newer_fences_are_admitted_and_an_older_one_is_stale_with_the_newest() {
+    let server = PostgresServer::start();
+    let client = connect(&server).await;
+    let table = FencedTable::new("fenced").unwrap();
+    table.create(&client).await.unwrap();
+    table
+        .create(&client)
+        .await
+        .expect("creating again is a no-op");
+
+    let write =
+        |fence: u64, value: &'static [u8]| table.write(&client, "orders", Fence(fence), value);
+    assert_eq!(write(5, b"a").await.unwrap(), FencedWrite::Written);
+    assert_eq!(
+        write(5, b"b").await.unwrap(),
+        FencedWrite::Written,
+        "the same holder writes again with an equal fence (a `<` guard fails here)"
+    );
+    assert_eq!(write(7, b"c").await.unwrap(), FencedWrite::Written);
+    assert_eq!(
+        write(5, b"late").await.unwrap(),
+        FencedWrite::Stale {
+            presented: Fence(5),
+            newest: Fence(7)
+        },
+        "a paused holder's write is refused (a missing guard fails here)"
+    );
+    let stored = table.read(&client, "orders").await.unwrap().unwrap();
+    assert_eq!(
+        (stored.value.as_slice(), stored.fence),
+        (&b"c"[..], Fence(7))
+    );
+    assert_eq!(table.read(&client, "absent").await.unwrap(), None);
+
+    // Keys are independent; fences are exact at the top of BIGINT and refused above.
+    assert_eq!(
+        table.write(&client, "other", Fence(1), b"x").await.unwrap(),
+        FencedWrite::Written
+    );
+    assert_eq!(
+        table
+            .write(&client, "top", MAX_SQL_FENCE, b"x")
+            .await
+            .unwrap(),
+        FencedWrite::Written
+    );
+    assert_eq!(
+        table
+            .write(&client, "top", Fence(MAX_SQL_FENCE.0 - 1), b"y")
+            .await
+            .unwrap(),
+        FencedWrite::Stale {
+            presented: Fence(MAX_SQL_FENCE.0 - 1),
+            newest: MAX_SQL_FENCE
+        }
+    );
+    let above = table
+        .write(&client, "top", Fence(MAX_SQL_FENCE.0 + 1), b"z")
+        .await
+        .unwrap_err();
+    assert!(matches!(above, Error::FenceOutOfRange(_)), "{above}");
+    assert_eq!(
+        table.read(&client, "top").await.unwrap().unwrap().value,
+        b"x"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_table_is_a_typed_error_naming_postgres() {
+    let server = PostgresServer::start();
+    let client = connect(&server).await;
+    let table = FencedTable::new("never_created").unwrap();
+    let err = table.write(&client, "k", Fence(1), b"v").await.unwrap_err();
+    assert!(matches!(err, Error::Postgres(_)), "{err:?}");
+    assert!(err.to_string().contains("never_created"), "{err}");
+}
+
+/// Many writers on their own connections, interleaved fresh, repeated and older
+/// fences on one key. A trigger logs every admitted write in the order PostgreSQL
+/// admitted it (each writer waits for the row lock of the one before, so the log's
+/// sequence is the admission order): it must never go back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_stale_and_fresh_writers_never_admit_an_older_fence_after_a_newer_one() {
+    const WRITERS: usize = 8;
+    const WRITES: usize = 40;
+    let server = PostgresServer::start();
+    let admin = connect(&server).await;
+    let table = Arc::new(FencedTable::new("fenced").unwrap());
+    table.create(&admin).await.unwrap();
+    admin
+        .batch_execute(
+            "CREATE TABLE admitted (seq BIGSERIAL PRIMARY KEY, fence BIGINT NOT NULL);
+             CREATE FUNCTION log_admitted() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN INSERT INTO admitted (fence) VALUES (NEW.fence); RETURN NEW; END $$;
+             CREATE TRIGGER log_admitted AFTER INSERT OR UPDATE ON fenced
+                 FOR EACH ROW EXECUTE FUNCTION log_admitted();",
+        )
+        .await
+        .unwrap();
+
+    let plan = Arc::new(FencePlan::new());
+    let mut writers = Vec::new();
+    for writer in 0..WRITERS {
+        let client = connect(&server).await;
+        let (table, plan) = (Arc::clone(&table), Arc::clone(&plan));
+        writers.push(tokio::spawn(async move {
+            let mut answers = Vec::new();
+            let mut previous = None;
+            for i in 0..WRITES {
+                let fence = plan.fence(writer, i, previous);
+                previous = Some(fence);
+                let value = format!("{}:{writer}:{i}", fence.0);
+                let stale = match table.write(&client, "k", fence, value.as_bytes()).await {
+                    Ok(FencedWrite::Written) => None,
+                    Ok(FencedWrite::Stale { presented, newest }) => {
+                        assert_eq!(presented, fence);
+                        Some(newest)
+                    }
+                    Err(e) => panic!("writer {writer}: {e}"),
+                };
+                answers.push(Answer { fence, stale });
+            }
+            answers
+        }));
+    }
+    let mut answers = Vec::new();
+    for writer in writers {
+        answers.extend(writer.await.unwrap());
+    }
+
+    let admitted: Vec<Fence> = admin
+        .query("SELECT fence FROM admitted ORDER BY seq", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| Fence(row.get::<_, i64>(0).unsigned_abs()))
+        .collect();
+    let counts = check_fenced_history(&admitted, &answers);
+    println!("postgres, {WRITERS} writers x {WRITES}: {counts:?}");
+    let last = *admitted.last().unwrap();
+    let stored = table.read(&admin, "k").await.unwrap().unwrap();
+    assert_eq!(stored.fence, last);
+    let value = String::from_utf8(stored.value).unwrap();
+    assert!(
+        value.starts_with(&format!("{}:", last.0)),
+        "the value travels with its fence: {value} under {last}"
+    );
+}

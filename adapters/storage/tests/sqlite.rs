@@ -1,0 +1,174 @@
+//! Fenced writes against real SQLite database files (the bundled SQLite).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_storage::sqlite::{Error, FencedTable};
+use leasehold_storage::{Fence, FencedWrite, MAX_SQL_FENCE};
+use leasehold_test_support::{check_fenced_history, scratch_dir, Answer, FencePlan};
+use rusqlite::Connection;
+
+fn open(path: &std::path::Path) -> Connection {
+    let conn = Connection::open(path).unwrap();
+    conn.busy_timeout(Duration::from_secs(30)).unwrap();
+    conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+    conn
+}
+
+#[test]
+fn equal_and_newer_fences_are_admitted_and_an_older_one_is_stale_with_the_newest() {
+    let dir = scratch_dir("sqlite");
+    let conn = open(&dir.path().join("db.sqlite"));
+    let table = FencedTable::new("fenced").unwrap();
+    table.create(&conn).unwrap();
+    table.create(&conn).expect("creating again is a no-op");
+
+    let write = |fence: u64, value: &[u8]| table.write(&conn, "orders", Fence(fence), value);
+    assert_eq!(write(5, b"a").unwrap(), FencedWrite::Written);
+    assert_eq!(
+        write(5, b"b").unwrap(),
+        FencedWrite::Written,
+        "the same holder writes again with an equal fence (a `<` guard fails here)"
+    );
+    assert_eq!(write(7, b"c").unwrap(), FencedWrite::Written);
+    assert_eq!(
+        write(5, b"late").unwrap(),
+        FencedWrite::Stale {
+            presented: Fence(5),
+            newest: Fence(7)
+        },
+        "a paused holder's write is refused (a missing guard fails here)"
+    );
+    let stored = table.read(&conn, "orders").unwrap().unwrap();
+    assert_eq!(
+        (stored.value.as_slice(), stored.fence),
+        (&b"c"[..], Fence(7))
+    );
+    assert_eq!(table.read(&conn, "absent").unwrap(), None);
+
+    assert_eq!(
+        table.write(&conn, "top", MAX_SQL_FENCE, b"x").unwrap(),
+        FencedWrite::Written
+    );
+    assert_eq!(
+        table
+            .write(&conn, "top", Fence(MAX_SQL_FENCE.0 - 1), b"y")
+            .unwrap(),
+        FencedWrite::Stale {
+            presented: Fence(MAX_SQL_FENCE.0 - 1),
+            newest: MAX_SQL_FENCE
+        }
+    );
+    let above = table
+        .write(&conn, "top", Fence(MAX_SQL_FENCE.0 + 1), b"z")
+        .unwrap_err();
+    assert!(matches!(above, Error::FenceOutOfRange(_)), "{above}");
+
+    // The data survives the connection: a new one sees the newest fence and refuses.
+    drop(conn);
+    let conn = open(&dir.path().join("db.sqlite"));
+    assert_eq!(
+        table
+            .write(&conn, "orders", Fence(6), b"after reopen")
+            .unwrap(),
+        FencedWrite::Stale {
+            presented: Fence(6),
+            newest: Fence(7)
+        }
+    );
+}
+
+#[test]
+fn a_missing_table_and_a_corrupt_fence_are_typed_errors() {
+    let conn = Connection::open_in_memory().unwrap();
+    let missing = FencedTable::new("never_created").unwrap();
+    let err = missing.write(&conn, "k", Fence(1), b"v").unwrap_err();
+    assert!(matches!(err, Error::Sqlite(_)), "{err:?}");
+    assert!(err.to_string().contains("never_created"), "{err}");
+
+    // A table someone made without the CHECK, holding a negative fence.
+    conn.execute_batch(
+        "CREATE TABLE loose (key TEXT PRIMARY KEY, value BLOB NOT NULL, fence INTEGER NOT NULL);
+         INSERT INTO loose VALUES ('k', x'00', -4);",
+    )
+    .unwrap();
+    let loose = FencedTable::new("loose").unwrap();
+    let err = loose.read(&conn, "k").unwrap_err();
+    assert!(
+        matches!(err, Error::CorruptFence { found: -4, .. }),
+        "{err:?}"
+    );
+}
+
+/// Many threads, each with its own connection to one database file, interleaved
+/// fresh, repeated and older fences on one key. A trigger logs every admitted write
+/// in the order SQLite admitted it (one writer at a time holds the database's write
+/// lock): it must never go back.
+#[test]
+fn concurrent_stale_and_fresh_writers_never_admit_an_older_fence_after_a_newer_one() {
+    const WRITERS: usize = 8;
+    const WRITES: usize = 40;
+    let dir = scratch_dir("sqlite");
+    let path = dir.path().join("db.sqlite");
+    let admin = open(&path);
+    let table = Arc::new(FencedTable::new("fenced").unwrap());
+    table.create(&admin).unwrap();
+    admin
+        .execute_batch(
+            "CREATE TABLE admitted (seq INTEGER PRIMARY KEY AUTOINCREMENT, fence INTEGER NOT NULL);
+             CREATE TRIGGER log_insert AFTER INSERT ON fenced
+                 BEGIN INSERT INTO admitted (fence) VALUES (NEW.fence); END;
+             CREATE TRIGGER log_update AFTER UPDATE ON fenced
+                 BEGIN INSERT INTO admitted (fence) VALUES (NEW.fence); END;",
+        )
+        .unwrap();
+
+    let plan = Arc::new(FencePlan::new());
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|writer| {
+            let (table, plan, path) = (Arc::clone(&table), Arc::clone(&plan), path.clone());
+            std::thread::spawn(move || {
+                let conn = open(&path);
+                let mut answers = Vec::new();
+                let mut previous = None;
+                for i in 0..WRITES {
+                    let fence = plan.fence(writer, i, previous);
+                    previous = Some(fence);
+                    let value = format!("{}:{writer}:{i}", fence.0);
+                    let stale = match table.write(&conn, "k", fence, value.as_bytes()) {
+                        Ok(FencedWrite::Written) => None,
+                        Ok(FencedWrite::Stale { presented, newest }) => {
+                            assert_eq!(presented, fence);
+                            Some(newest)
+                        }
+                        Err(e) => panic!("writer {writer}: {e}"),
+                    };
+                    answers.push(Answer { fence, stale });
+                }
+                answers
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for writer in writers {
+        answers.extend(writer.join().unwrap());
+    }
+
+    let admitted: Vec<Fence> = admin
+        .prepare("SELECT fence FROM admitted ORDER BY seq")
+        .unwrap()
+        .query_map([], |row| row.get::<_, i64>(0))
+        .unwrap()
+        .map(|fence| Fence(fence.unwrap().unsigned_abs()))
+        .collect();
+    let counts = check_fenced_history(&admitted, &answers);
+    println!("sqlite, {WRITERS} writers x {WRITES}: {counts:?}");
+    let last = *admitted.last().unwrap();
+    let stored = table.read(&admin, "k").unwrap().unwrap();
+    assert_eq!(stored.fence, last);
+    let value = String::from_utf8(stored.value).unwrap();
+    assert!(
+        value.starts_with(&format!("{}:", last.0)),
+        "the value travels with its fence: {value} under {last}"
+    );
+}
