@@ -15,6 +15,8 @@
 //!   replies.
 //! * [`Storage`] — the resource a lock protects: admits writes by fence, logs them.
 //! * [`wait_for`] — the bounded, event-driven wait used instead of bare sleeps.
+//! * [`Candidates`] — election candidates, each through its own service, with the
+//!   "at most one leader at a time" check sampled while waiting for a new leader.
 //!
 //! The starters are blocking (`std::process`, `std::thread::sleep` while waiting for
 //! the server to answer): call them before starting the code under test, or from
@@ -24,6 +26,7 @@
 
 mod binary;
 mod dirs;
+pub mod election;
 pub mod etcd;
 mod ports;
 mod process;
@@ -34,6 +37,7 @@ mod wait;
 
 pub use binary::{binary, binary_in, MissingBinary};
 pub use dirs::{fast_scratch_dir, scratch_dir, ScratchDir};
+pub use election::{Candidates, Elected};
 pub use etcd::{EtcdCluster, Timing};
 pub use ports::free_port;
 pub use proxy::{Proxy, ProxyMode};

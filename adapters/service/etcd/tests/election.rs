@@ -1,0 +1,95 @@
+//! `leasehold_tokio::Election` on a real etcd (one member): five candidates, each on
+//! its own connection through its own fault proxy. One leader at a time (sampled every
+//! millisecond through the leaders' own `check()`), a stalled leader replaced by one
+//! with a newer fence after its check has started failing, a follower refused with
+//! the leader's name, and no leader at all while the server is stopped (`SIGSTOP`).
+//! The failover times are measured by `cargo bench -p leasehold-etcd --bench
+//! election_failover`.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{
+    config, identity, proxy_endpoint, service, service_on, std_ms, wait_for, EtcdCluster, Proxy,
+};
+use leasehold_test_support::Candidates;
+use leasehold_tokio::{AcquireError, Election};
+
+const KEY: &str = "election";
+// etcd TTLs are whole seconds, at least its minimum (1 s with the fast test timing).
+const TTL_MS: u64 = 2_000;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn five_candidates_keep_one_leader_through_stalled_leaders_and_a_stopped_server() {
+    let cluster = EtcdCluster::single();
+    runtime().block_on(async {
+        let mut proxies = Vec::new();
+        let mut services = Vec::new();
+        for _ in 0..5 {
+            let proxy = Proxy::start(cluster.client_port(0)).await;
+            services.push(Arc::new(service_on(vec![proxy_endpoint(&proxy)]).await));
+            proxies.push(proxy);
+        }
+        let candidates = Candidates::start(services, KEY, config(TTL_MS));
+        let mut last = candidates.elected_after(None, std_ms(8_000)).await;
+
+        // A follower is refused, and told who leads.
+        let outsider = Election::new(
+            Arc::new(service(&cluster).await),
+            KEY,
+            identity("outsider"),
+            config(TTL_MS),
+        )
+        .unwrap();
+        match outsider.campaign_for(std_ms(200)).await {
+            Err(AcquireError::Busy { holder: Some(h) }) => {
+                assert_eq!(h.identity, Candidates::identity(last.index));
+                assert_eq!(h.fence, last.fence);
+            }
+            other => panic!("a follower campaign: {other:?}"),
+        }
+        let named = outsider.leader().await.unwrap().unwrap();
+        assert_eq!(named.identity, Candidates::identity(last.index));
+
+        // Stall the leader's connection past T, three times: another candidate leads,
+        // with a newer fence, and the stalled one's check already fails.
+        for _ in 0..3 {
+            let stalled = candidates.leader(last.index).unwrap();
+            proxies[last.index].stall();
+            let next = candidates
+                .elected_after(Some(last.fence), std_ms(8_000))
+                .await;
+            assert_ne!(next.index, last.index);
+            assert!(next.fence > last.fence);
+            assert!(stalled.check().is_err(), "the stalled leader stopped");
+            proxies[last.index].resume();
+            last = next;
+        }
+
+        // Stop the server past T: the leader's check fails by its safe deadline and
+        // nobody leads while it is stopped; after it resumes, a new leadership with a
+        // newer fence.
+        let leader = candidates.leader(last.index).unwrap();
+        cluster.pause(0);
+        wait_for("the leader to stop", std_ms(TTL_MS + 500), || async {
+            leader.check().is_err()
+        })
+        .await;
+        candidates.assert_no_leader_for(std_ms(TTL_MS)).await;
+        cluster.resume(0);
+        let next = candidates
+            .elected_after(Some(last.fence), std_ms(8_000))
+            .await;
+        assert!(next.fence > last.fence);
+        assert!(leader.check().is_err());
+    });
+}
