@@ -15,6 +15,8 @@ use leasehold_tokio::{AcquireError, Election, Leader, LockService};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::Proxy;
+
 /// A leadership won by one candidate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Elected {
@@ -166,6 +168,101 @@ impl Candidates {
     pub fn assert_at_most_one_leader(&self) {
         let passing = self.passing();
         assert!(passing.len() <= 1, "two leaders at once: {passing:?}");
+    }
+}
+
+impl Candidates {
+    /// Failover after a stalled leader, `rounds` times: stall the leader's proxy
+    /// (`proxies[i]` carries candidate `i`'s connection), time until a new leader's
+    /// `campaign()` returned, resume the proxy. Before each stall, waits a growing
+    /// part of `spread` (round k of n waits k/n of it) so the stalls fall at different
+    /// points of the renewal cycle. Every wait samples "at most one leader".
+    ///
+    /// # Panics
+    ///
+    /// As [`elected_after`](Self::elected_after).
+    pub async fn stalled_leader_failovers(
+        &self,
+        proxies: &[Proxy],
+        rounds: usize,
+        spread: Duration,
+        limit: Duration,
+    ) -> Vec<Duration> {
+        let mut last = self.elected_after(None, limit).await;
+        let mut times = Vec::new();
+        for round in 0..rounds {
+            let settle = spread.mul_f64(round as f64 / rounds.max(1) as f64);
+            self.sample_for(settle).await;
+            let stalled = self.leader(last.index).expect("the leader's slot");
+            proxies[last.index].stall();
+            let started = Instant::now();
+            let next = self.elected_after(Some(last.fence), limit).await;
+            times.push(next.at.saturating_duration_since(started));
+            assert_ne!(
+                next.index, last.index,
+                "the stalled leader cannot lead again"
+            );
+            assert!(stalled.check().is_err(), "the stalled leader stopped");
+            proxies[last.index].resume();
+            last = next;
+        }
+        times
+    }
+
+    /// Failover after the server stopped, `rounds` times: `stop()` (e.g. `SIGSTOP`),
+    /// wait `stopped_for` checking that nobody leads once `stopped_for` exceeds the
+    /// TTL, `resume()`, and time from the resume until a new leader's `campaign()`
+    /// returned.
+    ///
+    /// # Panics
+    ///
+    /// As [`elected_after`](Self::elected_after).
+    pub async fn stopped_server_failovers(
+        &self,
+        rounds: usize,
+        stopped_for: Duration,
+        ttl: Duration,
+        mut stop: impl FnMut(),
+        mut resume: impl FnMut(),
+        limit: Duration,
+    ) -> Vec<Duration> {
+        let mut last = self.elected_after(None, limit).await;
+        let mut times = Vec::new();
+        for _ in 0..rounds {
+            stop();
+            // Until the TTL has passed the leader may still pass (it cannot know);
+            // after it, nobody may.
+            self.sample_for(ttl).await;
+            self.assert_no_leader_for(stopped_for.saturating_sub(ttl))
+                .await;
+            resume();
+            let resumed = Instant::now();
+            let next = self.elected_after(Some(last.fence), limit).await;
+            times.push(next.at.saturating_duration_since(resumed));
+            last = next;
+        }
+        times
+    }
+
+    /// Samples "at most one leader" every millisecond for `span`.
+    pub async fn sample_for(&self, span: Duration) {
+        let end = Instant::now() + span;
+        while Instant::now() < end {
+            self.assert_at_most_one_leader();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+/// `min / median / max` of `times`, in ms, for a figures table.
+pub fn min_median_max(times: &[Duration]) -> String {
+    let mut ms: Vec<f64> = times.iter().map(|t| t.as_secs_f64() * 1e3).collect();
+    ms.sort_by(f64::total_cmp);
+    match (ms.first(), ms.get(ms.len() / 2), ms.last()) {
+        (Some(min), Some(median), Some(max)) => {
+            format!("{min:.0} / {median:.0} / {max:.0} ms ({} rounds)", ms.len())
+        }
+        _ => "no rounds".to_owned(),
     }
 }
 
