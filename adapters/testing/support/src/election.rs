@@ -1,5 +1,5 @@
 //! Candidates of one `leasehold_tokio::Election`, each campaigning through a service
-//! of its own (its own connection, typically through its own [`Proxy`](crate::Proxy),
+//! of its own (its own connection, typically through its own [`Proxy`],
 //! so a fault can hit one candidate), for the election tests and failover benches
 //! of every backend.
 //!
