@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
-use common::{config, ms, Timeline};
+use common::{config, ms, within, Timeline};
 use futures_util::StreamExt;
 use leasehold::{Fence, Identity};
 use leasehold_tokio::memory::MemoryService;
@@ -177,6 +177,38 @@ async fn a_resignation_hands_over_within_one_jittered_retry_interval() {
     assert!(handover <= 68_500, "handed over after {handover} µs");
     assert!(b.fence() > resigning.fence());
     assert_eq!(service.grant(KEY).unwrap().identity, identity(1));
+}
+
+/// Fair turns: a leader that resigns and campaigns again at once does not win its own
+/// handover from a waiting candidate.
+#[tokio::test(start_paused = true)]
+async fn a_leader_that_resigns_and_campaigns_again_lets_the_waiting_candidate_lead() {
+    let timeline = Timeline::start();
+    let service = Arc::new(MemoryService::new());
+    let a = election(&service, 0);
+    let b = election(&service, 1);
+    for round in 0..20 {
+        let leader = a.campaign().await.unwrap();
+        let follower = tokio::spawn({
+            let b = b.clone();
+            async move { b.campaign().await.unwrap() }
+        });
+        timeline.until(1_000 * (round + 1)).await;
+        let resigned = leader.fence();
+        leader.resign().await;
+        // Campaign again at once, racing the waiting candidate.
+        let again = tokio::spawn({
+            let a = a.clone();
+            async move { a.campaign().await.unwrap() }
+        });
+        let b_leads = within(100, follower).await.unwrap();
+        assert!(b_leads.check().is_ok(), "round {round}: the waiter leads");
+        assert!(b_leads.fence() > resigned);
+        assert!(!again.is_finished(), "round {round}: the resigner waits");
+        b_leads.resign().await;
+        let a_leads = within(200, again).await.unwrap();
+        a_leads.resign().await;
+    }
 }
 
 #[tokio::test(start_paused = true)]
