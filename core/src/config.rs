@@ -151,6 +151,16 @@ impl Config {
     pub const fn retry_interval(&self) -> Duration {
         self.retry_interval
     }
+    /// How long a client that released a key lets pass before it contends for that
+    /// key again: two retry intervals. A waiter retries at most one and a half retry
+    /// intervals apart, so every waiter's next attempt comes before the releaser's,
+    /// with half an interval to spare for round trips and timer rounding. Without
+    /// it, a holder that releases and acquires again at once finds the key free
+    /// while the waiters sleep, and wins every time (see `leasehold::rules`,
+    /// "Acquiring").
+    pub const fn release_backoff(&self) -> Duration {
+        self.retry_interval.saturating_mul(2)
+    }
     /// Subtracted from every safe deadline.
     pub const fn margin(&self) -> Duration {
         self.margin

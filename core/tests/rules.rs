@@ -1105,6 +1105,41 @@ fn contract_acquire_retries_are_jittered_around_the_retry_interval() {
     assert!(max - min > 30_000, "{gaps:?}");
 }
 
+/// Fair waiting: a client that released waits `release_backoff` before it contends
+/// again, and that is longer than any waiter's gap between two attempts, so some
+/// waiter's attempt always comes first.
+#[test]
+fn contract_the_release_backoff_outlasts_every_waiters_retry_gap() {
+    let config = Config::builder(ms(900)).build().unwrap();
+    let backoff = config.release_backoff().as_micros();
+    let mut longest = 0;
+    for seed in 1..200u32 {
+        let mut lease = Lease::new(config).with_jitter_seed(seed);
+        let gate = WriteGate::new();
+        let mut now = at(0);
+        lease.acquire(now, &gate).unwrap();
+        for _ in 0..20 {
+            let id = lease.poll_action().unwrap().id();
+            let held = AcquireOutcome::HeldByAnother(Holder {
+                identity: Identity::EMPTY,
+                fence: Fence(1),
+                remaining: ms(500),
+            });
+            lease.handle_response(now, id, held.into(), &gate).unwrap();
+            let retry = lease.poll_timeout().unwrap();
+            longest = longest.max(retry.as_micros() - now.as_micros());
+            now = retry;
+            lease.handle_timeout(now, &gate);
+        }
+    }
+    // 2 × 45 ms against at most 1.5 × 45 ms: half an interval to spare.
+    assert_eq!(backoff, 90_000);
+    assert!(
+        longest <= 67_500 && backoff - longest >= 22_500,
+        "{longest} µs"
+    );
+}
+
 #[test]
 fn contract_a_renewal_confirming_more_than_asked_counts_only_what_was_asked() {
     // The renewal sent at 300 ms is answered with 5 s. The one sent at 300 ms is the

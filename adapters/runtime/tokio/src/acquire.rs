@@ -12,7 +12,7 @@ use leasehold::{
 use leasehold_driver::LockService;
 
 use crate::shared::Shared;
-use crate::{task, trace, LeaseClock, LeaseHandle, LeaseState};
+use crate::{task, trace, turns, LeaseClock, LeaseHandle, LeaseState};
 
 /// Options for [`acquire_with`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,6 +20,7 @@ pub struct AcquireOptions {
     owner: Option<Owner>,
     identity: Option<Identity>,
     max_wait: Option<std::time::Duration>,
+    yield_after_release: bool,
 }
 
 impl Default for AcquireOptions {
@@ -29,14 +30,15 @@ impl Default for AcquireOptions {
 }
 
 impl AcquireOptions {
-    /// A random owner, the identity `hostname:pid`, and no wait bound: keep trying
-    /// while the key is held or the service does not answer (final refusals still
-    /// end the acquire at once).
+    /// A random owner, the identity `hostname:pid`, no wait bound (keep trying while
+    /// the key is held or the service does not answer; final refusals still end the
+    /// acquire at once), and fair turns after a release of this process.
     pub const fn new() -> AcquireOptions {
         AcquireOptions {
             owner: None,
             identity: None,
             max_wait: None,
+            yield_after_release: true,
         }
     }
 
@@ -65,6 +67,19 @@ impl AcquireOptions {
     /// flight at the bound is still awaited, for at most the request timeout.
     pub const fn max_wait(mut self, wait: std::time::Duration) -> AcquireOptions {
         self.max_wait = Some(wait);
+        self
+    }
+
+    /// Whether to let waiting contenders go first after this process released the
+    /// key (on by default). When this process released `key` through the same
+    /// service less than [`Config::release_backoff`] (two retry intervals) ago, the
+    /// acquire sends nothing until that has passed (or the wait bound, if sooner):
+    /// every waiter retries within one and a half retry intervals, so one of them
+    /// gets the key first. Without it, a holder that releases and acquires again at
+    /// once finds the key free while the waiters sleep and wins every time. `false`
+    /// contends at once, for a process that knows it has no rivals.
+    pub const fn yield_after_release(mut self, yield_turn: bool) -> AcquireOptions {
+        self.yield_after_release = yield_turn;
         self
     }
 }
@@ -200,6 +215,9 @@ where
             Some(wait) => clock.now().saturating_add(leasehold::Duration::from(wait)),
             None => leasehold::Instant::MAX,
         };
+        if options.yield_after_release {
+            wait_for_turn(&service, &key, config, options.max_wait).await;
+        }
         let shared = Arc::new(Shared::new(key, owner, identity, config, clock));
         let mut attempt = Attempt(Some(Arc::clone(&shared)));
         task::spawn(Arc::clone(&shared), service, give_up_at);
@@ -210,6 +228,23 @@ where
         }
         outcome.map(|()| LeaseHandle::new(shared))
     }
+}
+
+/// Sleeps until this process may contend for `key` again after its own release
+/// ([`Config::release_backoff`] after it), or until the wait bound, whichever is
+/// first. Nothing has been sent yet, so dropping the future here is harmless.
+async fn wait_for_turn<S: LockService + 'static>(
+    service: &Arc<S>,
+    key: &str,
+    config: Config,
+    max_wait: Option<std::time::Duration>,
+) {
+    let backoff = config.release_backoff().into();
+    let Some(turn) = turns::turn(service, key, backoff) else {
+        return;
+    };
+    let bound = max_wait.map(|wait| tokio::time::Instant::now() + wait);
+    tokio::time::sleep_until(bound.map_or(turn, |bound| turn.min(bound))).await;
 }
 
 /// Whether the attempt is over, and how.

@@ -67,6 +67,10 @@ impl<S: LockService + 'static> Election<S> {
     /// waiting while another leads (retrying about every `retry_interval`, jittered,
     /// as the core decides). Fails only on a final refusal or a runtime shutting down.
     /// Cancel-safe, like [`acquire`](crate::acquire): dropping it withdraws.
+    ///
+    /// A candidate that resigned moments ago first lets
+    /// [`Config::release_backoff`] pass, so a waiting candidate takes its turn (see
+    /// [`AcquireOptions::yield_after_release`]).
     pub async fn campaign(&self) -> Result<Leader, AcquireError> {
         self.campaign_with(AcquireOptions::new()).await
     }
@@ -184,7 +188,8 @@ impl Leader {
 
     /// Steps down at once: checks fail from now on, and the key is released so a
     /// campaigning candidate takes over at its next attempt (within one jittered
-    /// retry interval: at most 1.5 × `retry_interval`, plus a round trip).
+    /// retry interval: at most 1.5 × `retry_interval`, plus a round trip). Campaigning
+    /// again at once does not win it back from a waiting candidate.
     pub async fn resign(self) -> LeaseEnd {
         self.handle.release().await
     }

@@ -19,6 +19,7 @@ mod task;
 mod time;
 mod timed;
 mod trace;
+mod turns;
 
 pub use acquire::{acquire, acquire_with, try_acquire, AcquireError, AcquireOptions};
 pub use election::{Election, Leader, LeaderInfo, ObserveError};

@@ -119,7 +119,9 @@ impl fmt::Display for SuperviseEnd {
 ///   retry in lock step). After a term ends (lost, or released by the job through
 ///   its handle) the loop first waits one such jittered interval (between half and
 ///   one and a half `retry_interval`, derived from the ended term's random owner),
-///   so a lease that is granted and lost at once cannot spin.
+///   so a lease that is granted and lost at once cannot spin. After a release, the
+///   acquire also lets [`Config::release_backoff`] pass first, so that a waiting
+///   contender takes its turn (see [`AcquireOptions::yield_after_release`]).
 /// * **Shutdown** (`shutdown` completes): writes stop and the job's token fires at
 ///   once, the job is awaited (aborted after the grace), the key is released (best
 ///   effort, bounded by the request timeout). During an acquire, the acquire is

@@ -10,6 +10,7 @@ use leasehold_driver::{run_term, LockService, Target};
 
 use crate::shared::Shared;
 use crate::timed::Timed;
+use crate::{turns, LeaseEnd};
 
 /// Spawns the task that runs `shared`'s one term against `service`, giving up
 /// acquiring at `give_up_at` (on the lease's clock). Must be called from within a
@@ -23,7 +24,7 @@ where
 
 /// Runs the term. `timed` is the service, noting when each renewal is sent (for its
 /// round trip in metrics and tracing), and the lease's shared state.
-async fn drive<S: LockService>(timed: Timed<S>, give_up_at: Instant) {
+async fn drive<S: LockService + 'static>(timed: Timed<S>, give_up_at: Instant) {
     let shared = &*timed.shared;
     // Runs when the term is over, and also when the task is dropped unfinished
     // (runtime shutdown) or unwinds: the handles then learn that nothing renews.
@@ -60,6 +61,19 @@ async fn drive<S: LockService>(timed: Timed<S>, give_up_at: Instant) {
     let _ = term.await;
     // The core's counters live in the lease, which the loop borrowed until now.
     timed.shared.record_core_stats(lease.stats());
+    note_release(&timed);
+}
+
+/// Fair turns: after a release of a granted term, this process's next acquire of the
+/// key lets waiters go first (`leasehold::rules`, "Acquiring"). Not inlined into the
+/// task, whose future it would grow.
+#[inline(never)]
+fn note_release<S: LockService + 'static>(timed: &Timed<S>) {
+    let shared = &*timed.shared;
+    if shared.end() == Some(LeaseEnd::Released) && shared.granted().is_some() {
+        let backoff = shared.config.release_backoff().into();
+        turns::released(&timed.service, &shared.key, backoff);
+    }
 }
 
 struct Finish<'a>(&'a Shared);

@@ -21,6 +21,8 @@
 //!   fences against a fenced store, and the check that it never admitted an older
 //!   fence after a newer one.
 //! * [`wait_for`] — the bounded, event-driven wait used instead of bare sleeps.
+//! * [`Candidates`] — election candidates, each through its own service, with the
+//!   "at most one leader at a time" check sampled while waiting for a new leader.
 //!
 //! The starters are blocking (`std::process`, `std::thread::sleep` while waiting for
 //! the server to answer): call them before starting the code under test, or from
@@ -30,6 +32,7 @@
 
 mod binary;
 mod dirs;
+pub mod election;
 pub mod etcd;
 pub mod fenced;
 mod ports;
@@ -42,6 +45,7 @@ mod wait;
 
 pub use binary::{binary, binary_in, MissingBinary};
 pub use dirs::{fast_scratch_dir, scratch_dir, ScratchDir};
+pub use election::{Candidates, Elected};
 pub use etcd::{EtcdCluster, Timing};
 pub use fenced::{check_fenced_history, Answer, FencePlan, HistoryCounts};
 pub use ports::free_port;
