@@ -4,7 +4,7 @@
 use core::cell::{Cell, RefCell};
 use core::num::NonZeroU16;
 
-use embedded_io_async::Write;
+use embedded_io_async::{Read, Write};
 use leasehold::{Duration, EncodedToken, Fence, Holder, Identity, OwnerToken};
 use leasehold_driver::Clock;
 
@@ -428,8 +428,7 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
                 let mut fresh = connect.connect().await.map_err(|_| Error::Connect)?;
                 self.connects.set(self.connects.get().wrapping_add(1));
                 if let Some(auth) = &self.auth {
-                    Request::Auth(auth).send(&mut fresh, write).await?;
-                    let len = read_reply(&mut fresh, read).await?;
+                    let len = round_trip(&mut fresh, &Request::Auth(auth), read, write).await?;
                     match parsed(read.get(..len).unwrap_or(&[]))? {
                         Reply::Scalar(Scalar::Simple(b"OK")) => {}
                         Reply::Error(line) => {
@@ -441,30 +440,42 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
                 conn.insert(fresh)
             }
         };
-        request.send(conn, write).await?;
-        let len = read_reply(conn, read).await?;
-        let Some((source, sha)) = request.script() else {
-            return Ok(len);
-        };
-        if !is_noscript(read.get(..len).unwrap_or(&[])) {
-            return Ok(len);
-        }
-        // Redis forgot the script (a restart, SCRIPT FLUSH, a failover): load it and
-        // ask again, once.
-        self.reloads.set(self.reloads.get().wrapping_add(1));
-        Request::Load { source }.send(conn, write).await?;
-        let loaded = read_reply(conn, read).await?;
-        match parsed(read.get(..loaded).unwrap_or(&[]))? {
-            Reply::Scalar(Scalar::Bulk(Some(answer))) if answer == sha.as_bytes() => {}
-            Reply::Scalar(Scalar::Bulk(Some(_))) => {
-                return Err(Error::Protocol(ProtocolError::WrongSha))
+        let mut reloaded = false;
+        loop {
+            let len = round_trip(conn, request, read, write).await?;
+            let Some((source, sha)) = request.script() else {
+                return Ok(len);
+            };
+            if reloaded || !is_noscript(read.get(..len).unwrap_or(&[])) {
+                return Ok(len);
             }
-            Reply::Error(line) => return Err(Error::Server(ServerError::from_line(line))),
-            _ => return Err(Error::Protocol(ProtocolError::Unexpected)),
+            // Redis forgot the script (a restart, SCRIPT FLUSH, a failover): load it
+            // and ask again, once.
+            self.reloads.set(self.reloads.get().wrapping_add(1));
+            let loaded = round_trip(conn, &Request::Load { source }, read, write).await?;
+            match parsed(read.get(..loaded).unwrap_or(&[]))? {
+                Reply::Scalar(Scalar::Bulk(Some(answer))) if answer == sha.as_bytes() => {}
+                Reply::Scalar(Scalar::Bulk(Some(_))) => {
+                    return Err(Error::Protocol(ProtocolError::WrongSha))
+                }
+                Reply::Error(line) => return Err(Error::Server(ServerError::from_line(line))),
+                _ => return Err(Error::Protocol(ProtocolError::Unexpected)),
+            }
+            reloaded = true;
         }
-        request.send(conn, write).await?;
-        read_reply(conn, read).await
     }
+}
+
+/// Sends `request` on `conn` and reads one whole reply into `read`; its length. One
+/// copy of the send-then-read state machine for every command of an exchange.
+async fn round_trip<C: Read + Write>(
+    conn: &mut C,
+    request: &Request<'_>,
+    read: &mut [u8],
+    write: &mut [u8],
+) -> Result<usize, Error> {
+    request.send(conn, write).await?;
+    read_reply(conn, read).await
 }
 
 /// The reply `read_reply` found whole at the start of `buf`.
