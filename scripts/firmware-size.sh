@@ -36,7 +36,9 @@
 #                   + service; the firmware's UART driver and glue are in the whole
 #                   `redis` firmware's flash, shown next to the gateway firmware's.
 #                   RAM per connection: size_of::<RespLockService>() (buffers included,
-#                   zero-sized stream), symbol size as for the core's types.
+#                   zero-sized stream), symbol size as for the core's types; the request
+#                   futures come on top, in the lease task's future (its task pool),
+#                   which the `redis` firmware's lease task holds the service in.
 #   panic paths     builds whose panic handler calls an undefined function: they link
 #                   only if no panic path survived. For the builds that do not link,
 #                   the functions that still call a panic routine are listed.
@@ -129,6 +131,7 @@ for target in thumbv7em-none-eabihf thumbv6m-none-eabi; do
     out[$target.over_redis]=$(($(flash "$resp") - $(flash "$bare_b")))
     out[$target.redis_fw]="$(flash "$redis") vs $(flash "$full")"
     out[$target.resp_size]=$(sym "$resp" ' LEASEHOLD_SIZE_OF_RESP$')
+    out[$target.redis_task]="$(sym "$redis" ' firmware::lease::lease_task::POOL$') vs $(sym "$full" ' firmware::lease::lease_task::POOL$')"
     out[$target.resp_panic]=$(links_without_panic "$target" core-probe --features probe-resp)
     out[$target.resp_callers]=$(panic_callers "$resp")
     out[$target.fw_flash]=$(($(flash "$full") - $(flash "$base")))
@@ -192,6 +195,7 @@ row "  compiler-builtins the RESP service adds" "${out[$v7.resp_builtins]:-none}
 row "lease over Redis: core + driver + RESP service" "${out[$v7.over_redis]}" "${out[$v6.over_redis]}"
 row "  whole firmware flash, redis mode vs gateway mode" "${out[$v7.redis_fw]}" "${out[$v6.redis_fw]}"
 row "RAM per RESP connection (size_of, default buffers)" "${out[$v7.resp_size]}" "${out[$v6.resp_size]}"
+row "  lease task future, redis mode (service inside) vs gateway" "${out[$v7.redis_task]}" "${out[$v6.redis_task]}"
 row "core links with no panic path" "${out[$v7.core_panic]}" "${out[$v6.core_panic]}"
 row "core + driver links with no panic path" "${out[$v7.driver_panic]}" "${out[$v6.driver_panic]}"
 row "whole firmware links with no panic path" "${out[$v7.fw_panic]}" "${out[$v6.fw_panic]}"
