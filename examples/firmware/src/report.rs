@@ -51,6 +51,7 @@ pub fn event(report: &leasehold_embassy::Report) {
 
 /// The writer found the gate closed after it was open (`redis` run with
 /// `semihosting`: printed at once; otherwise nothing).
+#[cfg(feature = "redis")]
 pub fn gate_closed() {
     #[cfg(all(feature = "redis", feature = "semihosting"))]
     semihosting::gate_closed();
