@@ -27,7 +27,8 @@ cargo fmt --manifest-path "$firmware" --check
 for target in thumbv7em-none-eabihf thumbv6m-none-eabi; do
     for features in "" "--no-default-features" "--features semihosting,paint-stack" \
         "--features probe-driver" "--features probe-baseline-builtins" \
-        "--no-default-features --features probe-baseline-builtins"; do
+        "--no-default-features --features probe-baseline-builtins" \
+        "--features redis" "--features redis,semihosting" "--features probe-resp"; do
         echo "  firmware --target $target $features"
         # shellcheck disable=SC2086 # $features is a flag list
         cargo clippy --locked -q --manifest-path "$firmware" --release --target "$target" \

@@ -7,6 +7,7 @@
 # ARM binutils), then runs: fmt, clippy, the tests (real servers are started by the tests
 # themselves on free loopback ports; every lock service runs the conformance suite),
 # the loom models, the no_std target builds, the firmware builds with their size table,
+# the firmware holding a lease on a real Redis in QEMU (both ARM builds),
 # the exhaustive model check (2 clients) and its mutations, every crate with each
 # feature, every published crate with the Rust it declares (rustup installs the
 # toolchains), the docs with warnings denied, and `cargo publish --dry-run` of every
@@ -34,6 +35,7 @@ stage redis-tls bash -c "cargo clippy -q -p leasehold-redis --all-targets --feat
 stage loom bash scripts/loom.sh
 stage no_std bash scripts/no-std.sh
 stage embassy bash scripts/embassy.sh
+stage firmware-redis bash scripts/firmware-redis.sh
 stage model bash scripts/model.sh
 stage features bash scripts/features.sh
 stage msrv bash scripts/msrv.sh

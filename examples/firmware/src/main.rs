@@ -17,17 +17,31 @@
 //!
 //! Without the `lease` feature the same firmware talks to the gateway by hand and writes
 //! unguarded: the baseline for `scripts/firmware-size.sh`.
+//!
+//! With the `redis` feature the lock service is a real Redis over the board's UART0
+//! (`redis`, `uart`: Arm MPS2 boards, QEMU's `mps2-an385` / `mps2-an386`) and there is
+//! no gateway and no `app`: the firmware holds the lease for one term, writes every
+//! 5 ms, reports the moment it finds its gate closed, and stops when the lease is lost
+//! (`scripts/firmware-redis.sh` runs it against `redis-server`).
 #![no_std]
 #![no_main]
 
 // The baseline (no `lease` feature) neither asks who holds the key nor reads answers
 // other than the acquire's.
+#[cfg(not(feature = "redis"))]
 #[cfg_attr(not(feature = "lease"), allow(dead_code))]
 mod gateway;
+#[cfg(not(feature = "redis"))]
 mod link;
+#[cfg(feature = "redis")]
+mod mps2;
 mod panic;
+#[cfg(feature = "redis")]
+mod redis;
 mod report;
 mod time_driver;
+#[cfg(feature = "redis")]
+mod uart;
 
 use core::cell::Cell;
 
@@ -36,10 +50,12 @@ use embassy_executor::{SpawnError, SpawnToken, Spawner};
 use embassy_time::Timer;
 use leasehold::{Duration, Fence, FenceGate, Identity, Owner};
 
+#[cfg(not(feature = "redis"))]
 use crate::link::Link;
 use crate::report::{bump, COUNTERS};
 
 /// The link to the gateway (the lock service).
+#[cfg(not(feature = "redis"))]
 static LINK: Link = Link::new();
 
 /// The storage the pump writes go to, guarded by fences (storage side).
@@ -51,8 +67,12 @@ const OWNER: Owner = Owner(*b"pump-controller7");
 
 const TTL: Duration = Duration::from_secs(3);
 
-/// The lease's key at the gateway.
+/// The lease's key at the lock service.
 const KEY: &str = "pump-7";
+
+/// How often the writer tries to write: in the `redis` run, often enough to tell
+/// within 5 ms when the gate closed.
+const WRITE_EVERY_MS: u64 = if cfg!(feature = "redis") { 5 } else { 100 };
 
 /// Who we are, in words: stored by the gateway with the grant, shown to contenders.
 fn identity() -> Identity {
@@ -64,9 +84,12 @@ async fn main(spawner: Spawner) {
     if let Some(peripherals) = cortex_m::Peripherals::take() {
         time_driver::start(peripherals.SYST);
     }
-    spawn(spawner, link::gateway());
+    #[cfg(not(feature = "redis"))]
+    {
+        spawn(spawner, link::gateway());
+        spawn(spawner, app());
+    }
     spawn(spawner, writer());
-    spawn(spawner, app());
     lease::spawn_tasks(spawner);
 }
 
@@ -104,16 +127,28 @@ fn store(fence: Fence, value: u32) {
 #[embassy_executor::task]
 async fn writer() {
     let mut setpoint = 0u32;
+    #[cfg(feature = "redis")]
+    let mut was_open = false;
     loop {
-        Timer::after_millis(100).await;
+        Timer::after_millis(WRITE_EVERY_MS).await;
         setpoint = setpoint.wrapping_add(1);
-        match lease::check() {
+        let fence = lease::check();
+        match fence {
             Some(fence) => store(fence, setpoint),
             None => bump(&COUNTERS.writes_refused),
+        }
+        // The `redis` run reports the moment the gate is found closed.
+        #[cfg(feature = "redis")]
+        {
+            if was_open && fence.is_none() {
+                report::gate_closed();
+            }
+            was_open = fence.is_some();
         }
     }
 }
 
+#[cfg(not(feature = "redis"))]
 #[embassy_executor::task]
 async fn app() {
     Timer::after_secs(20).await;
@@ -136,8 +171,8 @@ mod lease {
     use leasehold::{Config, Event, Fence, Instant, Lease};
     use leasehold_embassy::{LeaseShared, Report, Target, TermEnd};
 
-    use crate::report::{bump, COUNTERS};
-    use crate::{identity, spawn, KEY, LINK, OWNER, TTL};
+    use crate::report::{self, bump, COUNTERS};
+    use crate::{identity, spawn, KEY, OWNER, TTL};
 
     const CONFIG: Config = match Config::builder(TTL).drift_ppm(20_000).build() {
         Ok(config) => config,
@@ -157,6 +192,7 @@ mod lease {
         LEASE.check().ok()
     }
 
+    #[cfg(not(feature = "redis"))]
     pub(crate) fn request_release() {
         LEASE.request_release();
     }
@@ -165,8 +201,12 @@ mod lease {
     async fn lease_task() {
         let mut lease = Lease::new(CONFIG);
         let identity = identity();
+        #[cfg(not(feature = "redis"))]
+        let service = &crate::LINK;
+        #[cfg(feature = "redis")]
+        let service = &crate::redis::service();
         let target = Target {
-            service: &LINK,
+            service,
             key: KEY,
             owner: OWNER,
             identity: &identity,
@@ -176,6 +216,7 @@ mod lease {
             // nothing else to do.
             let end =
                 leasehold_embassy::run_term(&mut lease, &LEASE, target, Instant::MAX, |report| {
+                    report::event(&report);
                     bump(match report {
                         Report::Event(Event::Acquired { .. }) => &COUNTERS.acquired,
                         Report::Event(Event::Renewed { .. }) => &COUNTERS.renewed,
@@ -185,6 +226,13 @@ mod lease {
                     })
                 })
                 .await;
+            if cfg!(feature = "redis") {
+                // One term against Redis: report how it went and stop, once the writer
+                // (every 5 ms) has had the time to report its gate closed.
+                Timer::after_millis(20).await;
+                report::finish();
+                return;
+            }
             match end {
                 // Released, or refused for good (retrying cannot help): stop.
                 Ok(TermEnd::Released | TermEnd::NotAcquired(_)) => return,

@@ -1,5 +1,7 @@
 //! Counters the tasks bump, and (feature `semihosting`, under QEMU) the report at the
-//! end: the counters and, with `paint-stack`, the stack high-water mark.
+//! end: the counters and, with `paint-stack`, the stack high-water mark. In the `redis`
+//! run it also prints each lease event and the moment the writer found its gate
+//! closed, as they happen: the host reads them from QEMU's stdout as they come.
 
 use core::sync::atomic::{AtomicU32, Ordering};
 
@@ -39,6 +41,22 @@ pub fn bump(counter: &AtomicU32) {
     );
 }
 
+/// A lease event (`redis` run with `semihosting`: printed at once; otherwise nothing).
+#[cfg(feature = "lease")]
+pub fn event(report: &leasehold_embassy::Report) {
+    #[cfg(all(feature = "redis", feature = "semihosting"))]
+    semihosting::event(report);
+    let _ = report;
+}
+
+/// The writer found the gate closed after it was open (`redis` run with
+/// `semihosting`: printed at once; otherwise nothing).
+#[cfg(feature = "redis")]
+pub fn gate_closed() {
+    #[cfg(all(feature = "redis", feature = "semihosting"))]
+    semihosting::gate_closed();
+}
+
 /// Ends the run: prints the report and exits QEMU (feature `semihosting`), or does
 /// nothing on hardware.
 pub fn finish() {
@@ -53,6 +71,44 @@ mod semihosting {
     use cortex_m_semihosting::{debug, hprintln};
 
     use super::COUNTERS as C;
+
+    /// Milliseconds since boot on the firmware's clock.
+    #[cfg(feature = "redis")]
+    fn now_ms() -> u64 {
+        embassy_time::Instant::now().as_millis()
+    }
+
+    #[cfg(feature = "redis")]
+    pub fn event(report: &leasehold_embassy::Report) {
+        use leasehold::Event;
+        use leasehold_embassy::Report;
+        let Report::Event(event) = report else {
+            return;
+        };
+        let t = now_ms();
+        match event {
+            Event::Acquired {
+                fence, deadline, ..
+            } => hprintln!(
+                "event=acquired fence={} deadline_ms={} t_ms={}",
+                fence.0,
+                deadline.as_micros() / 1_000,
+                t
+            ),
+            Event::Renewed { deadline } => hprintln!(
+                "event=renewed deadline_ms={} t_ms={}",
+                deadline.as_micros() / 1_000,
+                t
+            ),
+            Event::Lost { reason } => hprintln!("event=lost reason={:?} t_ms={}", reason, t),
+            other => hprintln!("event=other {:?} t_ms={}", other, t),
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    pub fn gate_closed() {
+        hprintln!("gate_closed t_ms={}", now_ms());
+    }
 
     pub fn finish() {
         hprintln!(

@@ -6,6 +6,8 @@
 //! (nested arrays, RESP3 types, numbers with signs or leading zeros, a bulk string
 //! not followed by CRLF) is [`ProtocolError::Malformed`]: never guessed at.
 
+use core::num::{NonZeroU16, NonZeroU32};
+
 use embedded_io_async::{Read, Write};
 
 use crate::error::{Error, ProtocolError};
@@ -195,19 +197,45 @@ pub(crate) async fn read_reply<C: Read>(conn: &mut C, buf: &mut [u8]) -> Result<
     }
 }
 
+/// `n / d` and `n % d` for a divisor below 2^16, by long division over 16-bit limbs:
+/// four 32-bit divisions. A 64-bit division would link the compiler's 64-bit division
+/// routine, about 1 KiB of flash on a 32-bit microcontroller.
+pub(crate) fn div_rem(n: u64, d: NonZeroU16) -> (u64, u64) {
+    let d = NonZeroU32::from(d);
+    let (mut quotient, mut rest) = (0u64, 0u32);
+    for shift in [48, 32, 16, 0] {
+        // `rest < d < 2^16`, so this fits in 32 bits.
+        let part = (rest << 16) | ((n >> shift) as u32 & 0xffff);
+        quotient = (quotient << 16) | u64::from(part / d);
+        rest = part % d;
+    }
+    (quotient, u64::from(rest))
+}
+
+const TEN: NonZeroU16 = match NonZeroU16::new(10) {
+    Some(ten) => ten,
+    None => unreachable!(),
+};
+
 /// Digits of `n` in decimal, at the end of `buf`; returns the start.
 fn decimal(mut n: u64, buf: &mut [u8; 20]) -> usize {
     let mut at = buf.len();
-    loop {
+    for slot in buf.iter_mut().rev() {
+        let (rest, digit) = div_rem(n, TEN);
+        *slot = b'0' + digit as u8;
         at -= 1;
-        if let Some(slot) = buf.get_mut(at) {
-            *slot = b'0' + (n % 10) as u8;
-        }
-        n /= 10;
-        if n == 0 || at == 0 {
-            return at;
+        n = rest;
+        if n == 0 {
+            break;
         }
     }
+    at
+}
+
+/// How many decimal digits `n` has.
+pub(crate) fn decimal_len(n: u64) -> usize {
+    let mut digits = [0u8; 20];
+    digits.len() - decimal(n, &mut digits)
 }
 
 /// `Write::write_all` without its panic paths (an over-long count is taken as all
@@ -223,60 +251,81 @@ async fn write_all<C: Write>(conn: &mut C, mut bytes: &[u8]) -> Result<(), Error
     Ok(())
 }
 
-/// A request on its way out: bytes gather in a bounded buffer that is written to the
-/// connection whenever it fills, so a request of any size (a script of a kilobyte, a
-/// key of 256 bytes) needs no more RAM than the buffer.
-pub(crate) struct Out<'c, 'b, C> {
-    conn: &'c mut C,
+/// A window onto a request being encoded: the encoder writes the whole request from
+/// its start each time, and the window keeps the bytes `from..` that fit in `buf`.
+/// Encoding again from the start for each buffer-full costs a few microseconds; it
+/// keeps the encoder plain, synchronous code, out of the async state machines (one
+/// copy, whatever the connection type).
+pub(crate) struct Window<'b> {
+    from: usize,
+    at: usize,
     buf: &'b mut [u8],
     len: usize,
 }
 
-impl<'c, 'b, C: Write> Out<'c, 'b, C> {
-    pub(crate) fn new(conn: &'c mut C, buf: &'b mut [u8]) -> Self {
-        Out { conn, buf, len: 0 }
+impl<'b> Window<'b> {
+    /// A window for bytes `from..` of the request into `buf`.
+    pub(crate) fn new(from: usize, buf: &'b mut [u8]) -> Self {
+        Window {
+            from,
+            at: 0,
+            buf,
+            len: 0,
+        }
     }
 
-    /// Appends `bytes`, writing out the buffer each time it fills.
-    pub(crate) async fn put(&mut self, mut bytes: &[u8]) -> Result<(), Error> {
-        if self.buf.is_empty() {
-            // No buffer at all: write straight through.
-            return write_all(self.conn, bytes).await;
-        }
-        while !bytes.is_empty() {
-            if self.len >= self.buf.len() {
-                self.drain().await?;
+    /// The next `bytes` of the request.
+    pub(crate) fn put(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            if self.at >= self.from {
+                if let Some(slot) = self.buf.get_mut(self.len) {
+                    *slot = byte;
+                    self.len += 1;
+                }
             }
-            let free = self.buf.get_mut(self.len..).unwrap_or(&mut []);
-            let mut n = 0;
-            for (dst, &src) in free.iter_mut().zip(bytes) {
-                *dst = src;
-                n += 1;
-            }
-            self.len += n;
-            bytes = bytes.get(n..).unwrap_or(&[]);
+            self.at += 1;
         }
-        Ok(())
-    }
-
-    async fn drain(&mut self) -> Result<(), Error> {
-        write_all(self.conn, self.buf.get(..self.len).unwrap_or(&[])).await?;
-        self.len = 0;
-        Ok(())
     }
 
     /// `n` in decimal (no framing).
-    pub(crate) async fn number(&mut self, n: u64) -> Result<(), Error> {
+    pub(crate) fn number(&mut self, n: u64) {
         let mut digits = [0u8; 20];
         let at = decimal(n, &mut digits);
-        self.put(digits.get(at..).unwrap_or(&[])).await
+        self.put(digits.get(at..).unwrap_or(&[]));
     }
 
-    /// Writes out what is left and flushes the connection: the request is sent.
-    pub(crate) async fn send(mut self) -> Result<(), Error> {
-        self.drain().await?;
-        self.conn.flush().await.map_err(|e| Error::io(&e))
+    /// How many bytes the window holds.
+    pub(crate) fn len(&self) -> usize {
+        self.len
     }
+}
+
+/// Writes a request through `buf` and flushes the connection: `encode` fills a window
+/// with the bytes from an offset on (see [`Window`]); a request of any size needs no
+/// more RAM than `buf` (at least one byte: an empty `buf` is replaced by a small one).
+pub(crate) async fn send<C: Write>(
+    conn: &mut C,
+    buf: &mut [u8],
+    encode: &dyn Fn(&mut Window<'_>),
+) -> Result<(), Error> {
+    let mut fallback = [0u8; 8];
+    let buf = if buf.is_empty() {
+        &mut fallback[..]
+    } else {
+        buf
+    };
+    let mut sent = 0usize;
+    loop {
+        let mut window = Window::new(sent, buf);
+        encode(&mut window);
+        let n = window.len();
+        if n == 0 {
+            break;
+        }
+        write_all(conn, buf.get(..n).unwrap_or(&[])).await?;
+        sent = sent.saturating_add(n);
+    }
+    conn.flush().await.map_err(|e| Error::io(&e))
 }
 
 #[cfg(test)]
@@ -380,22 +429,47 @@ mod tests {
     #[test]
     fn requests_of_any_size_pass_through_a_small_buffer() {
         let long = [b'k'; 300];
-        for size in [0usize, 1, 7, 64] {
+        let encode = |w: &mut Window<'_>| {
+            w.put(b"*3\r\n$3\r\nGET\r\n$300\r\n");
+            w.put(&long);
+            w.put(b"\r\n$20\r\n");
+            w.number(u64::MAX);
+            w.put(b"\r\n");
+        };
+        for size in [0usize, 1, 7, 64, 1024] {
             let mut sink = Sink(Vec::new());
             let mut buf = std::vec![0u8; size];
-            futures::executor::block_on(async {
-                let mut out = Out::new(&mut sink, &mut buf);
-                out.put(b"*3\r\n$3\r\nGET\r\n$300\r\n").await.unwrap();
-                out.put(&long).await.unwrap();
-                out.put(b"\r\n$20\r\n").await.unwrap();
-                out.number(u64::MAX).await.unwrap();
-                out.put(b"\r\n").await.unwrap();
-                out.send().await.unwrap();
-            });
+            futures::executor::block_on(send(&mut sink, &mut buf, &encode)).unwrap();
             let mut want = b"*3\r\n$3\r\nGET\r\n$300\r\n".to_vec();
             want.extend_from_slice(&long);
             want.extend_from_slice(b"\r\n$20\r\n18446744073709551615\r\n");
             assert_eq!(sink.0, want, "buffer of {size}");
+        }
+    }
+
+    #[test]
+    fn division_without_a_64_bit_divide() {
+        for n in [
+            0,
+            1,
+            9,
+            10,
+            999,
+            1_000,
+            65_535,
+            65_536,
+            1 << 40,
+            u64::MAX - 1,
+            u64::MAX,
+        ] {
+            for d in [1u16, 3, 10, 1_000, u16::MAX] {
+                let divisor = NonZeroU16::new(d).unwrap();
+                assert_eq!(div_rem(n, divisor), (n / u64::from(d), n % u64::from(d)));
+            }
+            let mut digits = [0u8; 20];
+            let at = decimal(n, &mut digits);
+            assert_eq!(&digits[at..], std::format!("{n}").as_bytes());
+            assert_eq!(decimal_len(n), std::format!("{n}").len());
         }
     }
 }

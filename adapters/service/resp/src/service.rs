@@ -2,15 +2,16 @@
 //! deadline from the driver's clock.
 
 use core::cell::{Cell, RefCell};
+use core::num::NonZeroU16;
 
-use embedded_io_async::Write;
+use embedded_io_async::{Read, Write};
 use leasehold::{Duration, EncodedToken, Fence, Holder, Identity, OwnerToken};
 use leasehold_driver::Clock;
 
 use crate::connect::{before, Connect};
 use crate::error::{Error, ProtocolError, ServerError};
 use crate::replies::{self, Acquired};
-use crate::resp::{self, read_reply, Out, Reply, Scalar};
+use crate::resp::{self, read_reply, Reply, Scalar, Window};
 use crate::scripts;
 
 /// The read buffer's default size: the longest answer a script gives (a holder with
@@ -103,7 +104,9 @@ enum Request<'r> {
         source: &'static str,
     },
     /// `AUTH [user] password`.
-    Auth(Auth<'r>),
+    /// (By reference: copying the credentials into the request future's state costs
+    /// a `memmove`, 1.5 KiB of flash on a microcontroller.)
+    Auth(&'r Auth<'r>),
 }
 
 /// A piece of one bulk string.
@@ -117,7 +120,7 @@ impl Seg<'_> {
     fn len(self) -> usize {
         match self {
             Seg::Bytes(b) => b.len(),
-            Seg::Num(n) => decimal_len(n),
+            Seg::Num(n) => resp::decimal_len(n),
         }
     }
 }
@@ -165,12 +168,12 @@ impl<'r> Request<'r> {
             (Request::Load { source }, _) => one(b(source.as_bytes())),
             (Request::Auth(_), 0) => one(b(b"AUTH")),
             (
-                Request::Auth(Auth {
+                Request::Auth(&Auth {
                     user: Some(user), ..
                 }),
                 1,
             ) => one(b(user.as_bytes())),
-            (Request::Auth(Auth { password, .. }), _) => one(b(password.as_bytes())),
+            (Request::Auth(&Auth { password, .. }), _) => one(b(password.as_bytes())),
             (_, 0) => one(b(b"EVALSHA")),
             (_, 1) => one(b(self.script().map_or("", |s| s.1).as_bytes())),
             (Request::Acquire { .. }, 2) => one(Seg::Num(2)),
@@ -196,44 +199,43 @@ impl<'r> Request<'r> {
         }
     }
 
-    /// Writes the command and flushes it.
-    async fn send<C: Write>(&self, conn: &mut C, buf: &mut [u8]) -> Result<(), Error> {
-        let mut out = Out::new(conn, buf);
-        out.put(b"*").await?;
-        out.number(self.args() as u64).await?;
-        out.put(b"\r\n").await?;
+    /// The command, into a window (see `resp::send`): `*N`, then each argument as a
+    /// bulk string. Synchronous and not generic: one copy serves every connection.
+    fn encode(&self, out: &mut Window<'_>) {
+        out.put(b"*");
+        out.number(self.args() as u64);
+        out.put(b"\r\n");
         for i in 0..self.args() {
             let arg = self.arg(i);
             let len = arg.iter().map(|seg| seg.len()).sum::<usize>();
-            out.put(b"$").await?;
-            out.number(len as u64).await?;
-            out.put(b"\r\n").await?;
+            out.put(b"$");
+            out.number(len as u64);
+            out.put(b"\r\n");
             for seg in arg {
                 match seg {
-                    Seg::Bytes(bytes) => out.put(bytes).await?,
-                    Seg::Num(n) => out.number(n).await?,
+                    Seg::Bytes(bytes) => out.put(bytes),
+                    Seg::Num(n) => out.number(n),
                 }
             }
-            out.put(b"\r\n").await?;
+            out.put(b"\r\n");
         }
-        out.send().await
     }
-}
 
-/// How many decimal digits `n` has.
-fn decimal_len(mut n: u64) -> usize {
-    let mut len = 1;
-    while n >= 10 {
-        n /= 10;
-        len += 1;
+    /// Writes the command and flushes it.
+    async fn send<C: Write>(&self, conn: &mut C, buf: &mut [u8]) -> Result<(), Error> {
+        resp::send(conn, buf, &|out| self.encode(out)).await
     }
-    len
 }
 
 /// A TTL as `PX`/`PEXPIRE` take it: whole milliseconds, rounded up (a renewal never
 /// applies less than asked), at least 1 (Redis refuses 0); also the TTL applied.
 fn ttl_ms(ttl: Duration) -> (u64, Duration) {
-    let ms = ttl.as_micros().div_ceil(1_000).max(1);
+    const THOUSAND: NonZeroU16 = match NonZeroU16::new(1_000) {
+        Some(thousand) => thousand,
+        None => unreachable!(),
+    };
+    let (ms, micros) = resp::div_rem(ttl.as_micros(), THOUSAND);
+    let ms = (ms + u64::from(micros != 0)).max(1);
     (ms, Duration::from_millis(ms))
 }
 
@@ -425,9 +427,8 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
             None => {
                 let mut fresh = connect.connect().await.map_err(|_| Error::Connect)?;
                 self.connects.set(self.connects.get().wrapping_add(1));
-                if let Some(auth) = self.auth {
-                    Request::Auth(auth).send(&mut fresh, write).await?;
-                    let len = read_reply(&mut fresh, read).await?;
+                if let Some(auth) = &self.auth {
+                    let len = round_trip(&mut fresh, &Request::Auth(auth), read, write).await?;
                     match parsed(read.get(..len).unwrap_or(&[]))? {
                         Reply::Scalar(Scalar::Simple(b"OK")) => {}
                         Reply::Error(line) => {
@@ -439,30 +440,42 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
                 conn.insert(fresh)
             }
         };
-        request.send(conn, write).await?;
-        let len = read_reply(conn, read).await?;
-        let Some((source, sha)) = request.script() else {
-            return Ok(len);
-        };
-        if !is_noscript(read.get(..len).unwrap_or(&[])) {
-            return Ok(len);
-        }
-        // Redis forgot the script (a restart, SCRIPT FLUSH, a failover): load it and
-        // ask again, once.
-        self.reloads.set(self.reloads.get().wrapping_add(1));
-        Request::Load { source }.send(conn, write).await?;
-        let loaded = read_reply(conn, read).await?;
-        match parsed(read.get(..loaded).unwrap_or(&[]))? {
-            Reply::Scalar(Scalar::Bulk(Some(answer))) if answer == sha.as_bytes() => {}
-            Reply::Scalar(Scalar::Bulk(Some(_))) => {
-                return Err(Error::Protocol(ProtocolError::WrongSha))
+        let mut reloaded = false;
+        loop {
+            let len = round_trip(conn, request, read, write).await?;
+            let Some((source, sha)) = request.script() else {
+                return Ok(len);
+            };
+            if reloaded || !is_noscript(read.get(..len).unwrap_or(&[])) {
+                return Ok(len);
             }
-            Reply::Error(line) => return Err(Error::Server(ServerError::from_line(line))),
-            _ => return Err(Error::Protocol(ProtocolError::Unexpected)),
+            // Redis forgot the script (a restart, SCRIPT FLUSH, a failover): load it
+            // and ask again, once.
+            self.reloads.set(self.reloads.get().wrapping_add(1));
+            let loaded = round_trip(conn, &Request::Load { source }, read, write).await?;
+            match parsed(read.get(..loaded).unwrap_or(&[]))? {
+                Reply::Scalar(Scalar::Bulk(Some(answer))) if answer == sha.as_bytes() => {}
+                Reply::Scalar(Scalar::Bulk(Some(_))) => {
+                    return Err(Error::Protocol(ProtocolError::WrongSha))
+                }
+                Reply::Error(line) => return Err(Error::Server(ServerError::from_line(line))),
+                _ => return Err(Error::Protocol(ProtocolError::Unexpected)),
+            }
+            reloaded = true;
         }
-        request.send(conn, write).await?;
-        read_reply(conn, read).await
     }
+}
+
+/// Sends `request` on `conn` and reads one whole reply into `read`; its length. One
+/// copy of the send-then-read state machine for every command of an exchange.
+async fn round_trip<C: Read + Write>(
+    conn: &mut C,
+    request: &Request<'_>,
+    read: &mut [u8],
+    write: &mut [u8],
+) -> Result<usize, Error> {
+    request.send(conn, write).await?;
+    read_reply(conn, read).await
 }
 
 /// The reply `read_reply` found whole at the start of `buf`.
@@ -555,7 +568,7 @@ mod tests {
             )
         );
         assert_eq!(
-            wire(Request::Auth(Auth {
+            wire(Request::Auth(&Auth {
                 user: Some("u"),
                 password: "p"
             })),
@@ -570,7 +583,7 @@ mod tests {
     #[test]
     fn decimal_lengths() {
         for n in [0, 9, 10, 99, 100, u64::MAX] {
-            assert_eq!(decimal_len(n), std::format!("{n}").len(), "{n}");
+            assert_eq!(resp::decimal_len(n), std::format!("{n}").len(), "{n}");
         }
     }
 }

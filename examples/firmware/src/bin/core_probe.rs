@@ -234,10 +234,13 @@ mod driver_probe {
     use core::pin::pin;
     use core::task::{Context, Poll, Waker};
 
+    // The outcome types are the ready-made service's; the RESP probe does without it.
+    #[cfg_attr(feature = "probe-resp", allow(unused_imports))]
     use leasehold::{
         AcquireOutcome, Config, Duration, Fence, Holder, HolderOutcome, Identity, Indeterminate,
         Instant, Lease, Owner, OwnerToken, ReleaseOutcome, RenewOutcome, WriteGate,
     };
+    #[cfg_attr(feature = "probe-resp", allow(unused_imports))]
     use leasehold_embassy::leasehold_driver::{run_term, Clock, LocalLockService, Target};
 
     use super::{choice, input};
@@ -266,8 +269,10 @@ mod driver_probe {
         }
     }
 
+    #[cfg(not(feature = "probe-resp"))]
     struct OpaqueService;
 
+    #[cfg(not(feature = "probe-resp"))]
     fn why() -> Indeterminate {
         if choice() & 1 == 0 {
             Indeterminate::Timeout
@@ -276,6 +281,7 @@ mod driver_probe {
         }
     }
 
+    #[cfg(not(feature = "probe-resp"))]
     impl LocalLockService for OpaqueService {
         fn acquire(
             &self,
@@ -318,10 +324,87 @@ mod driver_probe {
         }
     }
 
+    /// A stream whose reads and writes move as many bytes as an opaque input says
+    /// (reads fill the buffer with opaque bytes), and fail when it says so.
+    #[cfg(feature = "probe-resp")]
+    #[derive(Clone, Copy)]
+    pub struct OpaqueStream;
+
+    #[cfg(feature = "probe-resp")]
+    mod stream {
+        use core::hint::black_box;
+
+        use embedded_io_async::{ErrorKind, ErrorType, Read, Write};
+
+        use super::{choice, input, OpaqueStream};
+
+        impl ErrorType for OpaqueStream {
+            type Error = ErrorKind;
+        }
+
+        fn count(len: usize) -> Result<usize, ErrorKind> {
+            match choice() {
+                0 => Err(ErrorKind::Other),
+                _ => Ok((input() as usize).min(len)),
+            }
+        }
+
+        impl Read for OpaqueStream {
+            async fn read(&mut self, buf: &mut [u8]) -> Result<usize, ErrorKind> {
+                for byte in buf.iter_mut() {
+                    *byte = input() as u8;
+                }
+                count(buf.len())
+            }
+        }
+
+        impl Write for OpaqueStream {
+            async fn write(&mut self, buf: &[u8]) -> Result<usize, ErrorKind> {
+                black_box(buf);
+                count(buf.len())
+            }
+            async fn flush(&mut self) -> Result<(), ErrorKind> {
+                count(0).map(|_| ())
+            }
+        }
+    }
+
+    /// A connection factory that connects at once (or fails, opaquely).
+    #[cfg(feature = "probe-resp")]
+    pub struct OpaqueConnect;
+
+    #[cfg(feature = "probe-resp")]
+    impl leasehold_resp::Connect for OpaqueConnect {
+        type Connection = OpaqueStream;
+        type Error = ();
+        fn connect(&mut self) -> impl Future<Output = Result<OpaqueStream, ()>> {
+            ready(match choice() {
+                0 => Err(()),
+                _ => Ok(OpaqueStream),
+            })
+        }
+    }
+
+    /// The RESP service with its default buffers, over a zero-sized stream.
+    #[cfg(feature = "probe-resp")]
+    type Resp = leasehold_resp::RespLockService<'static, OpaqueConnect, OpaqueClock>;
+
+    // Its symbol size is `size_of::<Resp>()`, as for the core's types above.
+    #[cfg(feature = "probe-resp")]
+    #[used]
+    #[no_mangle]
+    #[link_section = ".uninit.leasehold_size_of_resp"]
+    static LEASEHOLD_SIZE_OF_RESP: core::mem::MaybeUninit<[u8; core::mem::size_of::<Resp>()]> =
+        core::mem::MaybeUninit::uninit();
+
     pub fn run() -> ! {
         let mut lease = Lease::new(CONFIG);
+        #[cfg(not(feature = "probe-resp"))]
+        let service = &OpaqueService;
+        #[cfg(feature = "probe-resp")]
+        let service = &Resp::new(OpaqueConnect, OpaqueClock);
         let target = Target {
-            service: &OpaqueService,
+            service,
             key: "k",
             owner: Owner([1; 16]),
             identity: &Identity::EMPTY,
