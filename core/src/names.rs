@@ -167,8 +167,12 @@ impl Identity {
 
     /// The identity's text.
     pub fn as_str(&self) -> &str {
+        // The bytes are UTF-8 by construction (copied from a `str`, cut on a character
+        // boundary), so they are one valid chunk. Safe code must still validate them;
+        // `utf8_chunks` does it in less code than `str::from_utf8` (no word-at-a-time
+        // ASCII fast path, which a 64-byte text does not need).
         let bytes = self.buf.get(..usize::from(self.len)).unwrap_or(&[]);
-        core::str::from_utf8(bytes).unwrap_or("")
+        bytes.utf8_chunks().next().map_or("", |chunk| chunk.valid())
     }
 
     /// Whether no identity was given.
