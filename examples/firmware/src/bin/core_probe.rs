@@ -46,20 +46,35 @@ fn choice() -> u32 {
     black_box(0)
 }
 
-/// Calls `memcpy` (a copy of 256 bytes) and 32-bit division (a
-/// library routine on thumbv6m, which has no divide instruction): compiler-builtins
-/// routines that the firmware links without the lease. With `probe-baseline-builtins`
-/// both variants call it, so the difference leaves them out.
+/// Calls the compiler-builtins routines that the firmware links without the lease:
+/// `memcpy` and its word-aligned forms `__aeabi_memcpy4`/`8`, the word-aligned zero
+/// fill `__aeabi_memclr4` (the baseline moves and clears link frames that carry a
+/// holder's identity), and on thumbv6m, which has no divide instruction and no 32×32→64
+/// multiply, 32-bit division and the 64-bit multiply `__aeabi_lmul`. With
+/// `probe-baseline-builtins` both variants call it, so the difference leaves them out;
+/// `scripts/firmware-size.sh` fails if the baseline firmware stops linking one of them.
 #[cfg(feature = "probe-baseline-builtins")]
 #[inline(never)]
 fn link_baseline_builtins() {
-    // A copy too large to inline (LLVM calls `memcpy`), not `copy_from_slice`: that
-    // one's length check would be a panic path of the probe's own, shared with the
-    // core's (inlined, checked-away) `copy_from_slice` once it is out of line.
+    // Copies too large to inline (LLVM calls `memcpy`, `memcpy4`, `memcpy8` by the
+    // alignment it knows), not `copy_from_slice`: that one's length check would be a
+    // panic path of the probe's own, shared with the core's (inlined, checked-away)
+    // `copy_from_slice` once it is out of line.
     let src: &[u8; 256] = black_box(&[0; 256]);
     let copy: [u8; 256] = *src;
     black_box(&copy);
+    let src: &[u32; 64] = black_box(&[0; 64]);
+    let copy: [u32; 64] = *src;
+    black_box(&copy);
+    let src: &[u64; 32] = black_box(&[0; 32]);
+    let copy: [u64; 32] = *src;
+    black_box(&copy);
+    // A zero fill too large to inline, of a word-aligned buffer (`mut`, so that it is
+    // not promoted to a constant): `memclr4`.
+    let mut zeroed = [0u32; 64];
+    black_box(&mut zeroed);
     black_box(black_box(1u32).checked_div(black_box(1)));
+    black_box(black_box(1u64).wrapping_mul(black_box(1)));
 }
 
 #[cortex_m_rt::entry]
