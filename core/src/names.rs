@@ -136,12 +136,9 @@ impl Identity {
         }) {
             return Err(IdentityError::Control { at });
         }
-        let mut identity = Identity::EMPTY;
-        for (slot, &byte) in identity.buf.iter_mut().zip(bytes) {
-            *slot = byte;
-        }
-        identity.len = text.len() as u8;
-        Ok(identity)
+        // It fits and has no control character: `lossy` cuts and replaces nothing, and
+        // one copy loop serves both.
+        Ok(Identity::lossy(text))
     }
 
     /// Like [`new`](Self::new), but cuts `text` to the longest prefix that fits (on a
