@@ -525,7 +525,9 @@ impl Lease {
         }
         gate.publish_released(self.term(), self.fence);
         self.flags.set(Flags::PAUSED, false);
-        if self.state == State::Acquiring && !self.flags.get(Flags::MAYBE_GRANTED) {
+        // `matches!`, not `==`: the derived `PartialEq` of `State` also compares the
+        // payloads of `Lost` and `NotAcquired`, an out-of-line function of its own.
+        if matches!(self.state, State::Acquiring) && !self.flags.get(Flags::MAYBE_GRANTED) {
             // Every attempt was answered "no": nothing to delete.
             self.finish_release();
         } else {
@@ -967,7 +969,7 @@ impl Lease {
     }
 
     fn release_answered(&mut self) {
-        if self.state == State::Releasing {
+        if matches!(self.state, State::Releasing) {
             self.finish_release();
         }
     }
