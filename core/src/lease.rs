@@ -909,14 +909,31 @@ impl Lease {
     /// The acquire is over without a usable grant. If the service may have granted
     /// any attempt, a best-effort release goes out (the gate never opened).
     fn give_up(&mut self, now: Instant, reason: AcquireFailure) {
-        self.state = State::NotAcquired(reason);
-        self.next_send = Instant::MAX;
+        let maybe_granted = self.flags.get(Flags::MAYBE_GRANTED);
+        self.end(
+            State::NotAcquired(reason),
+            maybe_granted,
+            EventKind::AcquireFailed(reason, true),
+            now,
+        );
+    }
+
+    /// Ends the term in `state`: nothing in flight, nothing to send (but a best-effort
+    /// release when `release` says the key may be ours at the service), writes not
+    /// paused, and `event` queued.
+    ///
+    /// Out of line: loss, giving up and release all end here, one copy of the stores.
+    #[inline(never)]
+    fn end(&mut self, state: State, release: bool, event: EventKind, now: Instant) {
+        self.state = state;
+        self.flags.set(Flags::PAUSED, false);
         self.in_flight = None;
         self.flags.set(Flags::ACTION_PENDING, false);
-        if self.flags.get(Flags::MAYBE_GRANTED) {
+        self.next_send = Instant::MAX;
+        if release {
             self.send(RequestKind::Release, now);
         }
-        self.emit(EventKind::AcquireFailed(reason, true));
+        self.emit(event);
     }
 
     /// `interval` times a factor in [0.5, 1.5], from the xorshift state.
@@ -957,15 +974,8 @@ impl Lease {
     /// the key may still be ours at the service) is queued after.
     fn lose(&mut self, reason: LossReason, now: Instant, gate: &WriteGate) {
         gate.publish_lost(self.term(), self.fence, reason);
-        self.state = State::Lost(reason);
-        self.flags.set(Flags::PAUSED, false);
-        self.in_flight = None;
-        self.flags.set(Flags::ACTION_PENDING, false);
-        self.next_send = Instant::MAX;
-        if matches!(reason, LossReason::Expired | LossReason::Shortened) {
-            self.send(RequestKind::Release, now);
-        }
-        self.emit(EventKind::Lost(reason));
+        let release = matches!(reason, LossReason::Expired | LossReason::Shortened);
+        self.end(State::Lost(reason), release, EventKind::Lost(reason), now);
     }
 
     fn release_answered(&mut self) {
@@ -975,11 +985,7 @@ impl Lease {
     }
 
     fn finish_release(&mut self) {
-        self.state = State::Released;
-        self.in_flight = None;
-        self.flags.set(Flags::ACTION_PENDING, false);
-        self.next_send = Instant::MAX;
-        self.emit(EventKind::Released);
+        self.end(State::Released, false, EventKind::Released, self.latest);
     }
 }
 
