@@ -150,16 +150,25 @@ impl Identity {
             len = len.saturating_sub(1);
         }
         let bytes = text.as_bytes().get(..len).unwrap_or(&[]);
-        let mut identity = Identity::EMPTY;
         let mut control_tail = false;
-        for (at, (slot, &byte)) in identity.buf.iter_mut().zip(bytes).enumerate() {
-            // The second byte of a `C2 80`–`C2 9F` control character goes too.
-            let control = control_tail || control_at(bytes, at, byte);
-            control_tail = control && byte == 0xc2;
-            *slot = if control { b'?' } else { byte };
+        // Each byte is written once, the text's or zero past it: no zero fill first.
+        let buf = core::array::from_fn(|at| match bytes.get(at) {
+            Some(&byte) => {
+                // The second byte of a `C2 80`–`C2 9F` control character goes too.
+                let control = control_tail || control_at(bytes, at, byte);
+                control_tail = control && byte == 0xc2;
+                if control {
+                    b'?'
+                } else {
+                    byte
+                }
+            }
+            None => 0,
+        });
+        Identity {
+            buf,
+            len: len as u8,
         }
-        identity.len = len as u8;
-        identity
     }
 
     /// The identity's text.
