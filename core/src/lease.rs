@@ -5,7 +5,7 @@ use core::fmt;
 use crate::timers::{Timer, TIMERS};
 use crate::{
     AcquireOutcome, Config, Duration, Fence, Indeterminate, Instant, LossReason, Refusal,
-    RenewOutcome, RequestId, Response, Term, WriteGate,
+    ReleaseOutcome, RenewOutcome, RequestId, Response, Term, WriteGate,
 };
 
 /// A lease on one key: a pure state machine, driven by instants and events.
@@ -547,19 +547,15 @@ impl Lease {
             return;
         }
         if self.timer_due(Timer::Request, now) {
-            if let Some(kind) = self.in_flight.take() {
-                self.flags.set(Flags::ACTION_PENDING, false);
-                match kind {
-                    RequestKind::Acquire => self.acquire_failed(
-                        now,
-                        AcquireFailure::Indeterminate(Indeterminate::Timeout),
-                        gate,
-                    ),
-                    RequestKind::Renew => {
-                        self.renew_indeterminate(now, Indeterminate::Timeout, gate)
-                    }
-                    RequestKind::Release => self.release_answered(),
-                }
+            if let Some(kind) = self.in_flight {
+                // A request that timed out was answered "unknown": the same path.
+                let why = Indeterminate::Timeout;
+                let response = match kind {
+                    RequestKind::Acquire => Response::Acquire(AcquireOutcome::Indeterminate(why)),
+                    RequestKind::Renew => Response::Renew(RenewOutcome::Indeterminate(why)),
+                    RequestKind::Release => Response::Release(ReleaseOutcome::Indeterminate(why)),
+                };
+                self.answered(now, &response, gate);
             }
         }
         if self.in_flight.is_none() && self.timer_due(Timer::Send, now) {
@@ -605,14 +601,25 @@ impl Lease {
             self.stats.stale_responses = self.stats.stale_responses.saturating_add(1);
             return Err(StaleResponse);
         }
+        self.answered(now, &response, gate);
+        Ok(())
+    }
+
+    /// The request in flight was answered with `response` (of its kind), or timed out
+    /// (an indeterminate answer): it is no longer in flight, and the answer moves the
+    /// term on.
+    ///
+    /// Out of line, by reference: answers and timeouts share it, and the holder inside
+    /// an answer is not copied.
+    #[inline(never)]
+    fn answered(&mut self, now: Instant, response: &Response, gate: &WriteGate) {
         self.in_flight = None;
         self.flags.set(Flags::ACTION_PENDING, false);
         match response {
             Response::Acquire(outcome) => self.acquire_answered(now, outcome, gate),
-            Response::Renew(outcome) => self.renew_answered(now, outcome, gate),
+            Response::Renew(outcome) => self.renew_answered(now, *outcome, gate),
             Response::Release(_) => self.release_answered(),
         }
-        Ok(())
     }
 
     /// The lock service reported, unprompted, that the grant with `fence` is gone (an
@@ -789,8 +796,8 @@ impl Lease {
         }
     }
 
-    fn acquire_answered(&mut self, now: Instant, outcome: AcquireOutcome, gate: &WriteGate) {
-        match outcome {
+    fn acquire_answered(&mut self, now: Instant, outcome: &AcquireOutcome, gate: &WriteGate) {
+        match *outcome {
             AcquireOutcome::Granted { fence, ttl } => {
                 self.fence = fence;
                 self.granted = ttl;
