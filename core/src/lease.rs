@@ -715,7 +715,13 @@ impl Lease {
     /// the earliest timer in the table.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        TIMERS.iter().filter_map(|&timer| self.timer(timer)).min()
+        // `MAX` for an unarmed timer: no armed timer is ever at `MAX`, so the minimum is
+        // `MAX` only when none is armed, and a plain 64-bit minimum is less code than
+        // comparing `Option`s.
+        let at = TIMERS.iter().fold(Instant::MAX, |earliest, &timer| {
+            earliest.min(self.timer(timer).unwrap_or(Instant::MAX))
+        });
+        (at != Instant::MAX).then_some(at)
     }
 
     // ----- internals -----
