@@ -715,36 +715,41 @@ impl Lease {
     /// the earliest timer in the table.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        // `MAX` for an unarmed timer: no armed timer is ever at `MAX`, so the minimum is
-        // `MAX` only when none is armed, and a plain 64-bit minimum is less code than
-        // comparing `Option`s.
+        // `MAX` is an unarmed timer, and no armed timer is at `MAX`: the minimum is `MAX`
+        // only when none is armed.
         let at = TIMERS.iter().fold(Instant::MAX, |earliest, &timer| {
-            earliest.min(self.timer(timer).unwrap_or(Instant::MAX))
+            earliest.min(self.timer_at(timer))
         });
         (at != Instant::MAX).then_some(at)
     }
 
     // ----- internals -----
 
-    /// The timer table: when each timer fires, `None` when it is not armed. The only
-    /// place that knows what arms a timer.
-    fn timer(&self, timer: Timer) -> Option<Instant> {
-        let at = match timer {
+    /// The timer table: when each timer fires, `Instant::MAX` when it is not armed.
+    /// The only place that knows what arms a timer.
+    ///
+    /// `Instant::MAX` is "never", even at `now == MAX`: a timer that saturated there
+    /// must not fire on every call. Plain instants, not `Option`s: less code to compare.
+    fn timer_at(&self, timer: Timer) -> Instant {
+        match timer {
             Timer::Deadline if self.is_held() => self.deadline,
-            Timer::Deadline => return None,
-            Timer::Request => {
-                self.in_flight?;
+            Timer::Request if self.in_flight.is_some() => {
                 self.sent_at.saturating_add(self.config.request_timeout())
             }
             Timer::Send => self.next_send,
-        };
-        // `Instant::MAX` is "never", even at `now == MAX`: a timer that saturated there
-        // must not fire on every call.
+            Timer::Deadline | Timer::Request => Instant::MAX,
+        }
+    }
+
+    /// When `timer` fires, `None` when it is not armed.
+    fn timer(&self, timer: Timer) -> Option<Instant> {
+        let at = self.timer_at(timer);
         (at != Instant::MAX).then_some(at)
     }
 
     fn timer_due(&self, timer: Timer, now: Instant) -> bool {
-        self.timer(timer).is_some_and(|at| now >= at)
+        let at = self.timer_at(timer);
+        at != Instant::MAX && now >= at
     }
 
     const fn is_held(&self) -> bool {
