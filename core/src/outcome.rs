@@ -99,10 +99,10 @@ const OWNER_HEX_LEN: u32 = 32;
 /// instruction, and its library routine (`__clzsi2`, 108 B) is in no other part of a
 /// firmware.
 const fn hex_digits(value: u32) -> u32 {
-    let mut digits = 1;
+    let mut digits: u32 = 1;
     let mut rest = value >> 4;
     while rest != 0 {
-        digits += 1;
+        digits = digits.wrapping_add(1);
         rest >>= 4;
     }
     digits
