@@ -8,8 +8,9 @@
 #   core flash      core-probe (calls every core method on opaque inputs) minus the
 #                   same probe without the calls; .text + .rodata. Both builds have
 #                   feature probe-baseline-builtins: they also call the compiler-builtins
-#                   routines that the firmware links without the lease (memcpy; 32-bit
-#                   division on thumbv6m), so the core is not charged for code every
+#                   routines that the firmware links without the lease (memcpy and
+#                   its aligned forms, memclr4; 32-bit division and 64-bit multiply on
+#                   thumbv6m), so the core is not charged for code every
 #                   firmware has; the script fails if the baseline firmware does not
 #                   link one of them. The row below it is the same difference without
 #                   that feature (the core charged for them too), and the next lists
