@@ -828,14 +828,14 @@ impl Lease {
             }
             AcquireOutcome::HeldByAnother(_) => {
                 self.flags.set(Flags::MAYBE_GRANTED, false);
-                self.acquire_failed(now, AcquireFailure::HeldByAnother, gate);
+                self.acquire_failed(now, AcquireFailure::HeldByAnother);
             }
             AcquireOutcome::Refused(why) => {
                 self.flags.set(Flags::MAYBE_GRANTED, false);
                 self.give_up(now, AcquireFailure::Refused(why));
             }
             AcquireOutcome::Indeterminate(why) => {
-                self.acquire_failed(now, AcquireFailure::Indeterminate(why), gate);
+                self.acquire_failed(now, AcquireFailure::Indeterminate(why));
             }
         }
     }
@@ -913,8 +913,7 @@ impl Lease {
 
     /// An attempt failed: retry after a jittered interval, unless that is past the
     /// wait bound (kept in `deadline` while acquiring).
-    fn acquire_failed(&mut self, now: Instant, reason: AcquireFailure, gate: &WriteGate) {
-        let _ = gate;
+    fn acquire_failed(&mut self, now: Instant, reason: AcquireFailure) {
         let retry = now.saturating_add(self.jittered(self.config.retry_interval()));
         if retry >= self.deadline {
             self.give_up(now, reason);
