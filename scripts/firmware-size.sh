@@ -8,9 +8,10 @@
 #   core flash      core-probe (calls every core method on opaque inputs) minus the
 #                   same probe without the calls; .text + .rodata. Both builds have
 #                   feature probe-baseline-builtins: they also call the compiler-builtins
-#                   routine that the firmware links without the lease (memcpy), so the
-#                   core is not charged for code every firmware has; the script fails
-#                   if the baseline firmware does not link it. The row below it is the same difference without
+#                   routines that the firmware links without the lease (memcpy and
+#                   its aligned forms, memclr4; the 64-bit multiply on thumbv6m), so the core is not charged for code every
+#                   firmware has; the script fails if the baseline firmware does not
+#                   link one of them. The row below it is the same difference without
 #                   that feature (the core charged for them too), and the next lists
 #                   the compiler-builtins routines the core adds to the baseline's.
 #   driver flash    core-probe --features probe-driver (polls the shared driver loop

@@ -182,11 +182,19 @@ impl Config {
     /// a moment this clock reaches no later than the service's expiry. `None` when the
     /// grant is too short to leave anything.
     pub const fn safe_deadline(&self, sent: Instant, granted: Duration) -> Option<Instant> {
-        let cut = granted.ppm_ceil(self.drift_ppm).saturating_add(self.margin);
-        match granted.checked_sub(cut) {
-            Some(usable) if !usable.is_zero() => Some(sent.saturating_add(usable)),
-            _ => None,
+        let usable = self.safe_window(granted);
+        if usable.is_zero() {
+            None
+        } else {
+            Some(sent.saturating_add(usable))
         }
+    }
+
+    /// `granted − drift(granted) − margin`, zero when nothing is left: how long after
+    /// its send time a grant of `granted` may be used. The one place for the safe
+    /// deadlines, the grants accepted and the configuration's own check.
+    const fn safe_window(&self, granted: Duration) -> Duration {
+        granted.saturating_sub(granted.ppm_ceil(self.drift_ppm).saturating_add(self.margin))
     }
 
     /// How long after a grant's send time its renewal is due, for a grant of
@@ -215,12 +223,9 @@ impl Config {
     /// ([`AcquireFailure::GrantTooShort`](crate::AcquireFailure::GrantTooShort)): the
     /// gate never opens for it.
     pub const fn accepts_grant(&self, granted: Duration) -> bool {
-        let cut = granted.ppm_ceil(self.drift_ppm).saturating_add(self.margin);
-        let window = granted.saturating_sub(cut);
-        let first_answer = self
-            .renew_interval_for(granted)
-            .saturating_add(self.request_timeout);
-        !self.renew_interval_for(granted).is_zero() && first_answer.as_micros() < window.as_micros()
+        let renew = self.renew_interval_for(granted);
+        let first_answer = renew.saturating_add(self.request_timeout);
+        !renew.is_zero() && first_answer.as_micros() < self.safe_window(granted).as_micros()
     }
 }
 
@@ -325,10 +330,7 @@ impl ConfigBuilder {
         if c.drift_ppm >= 1_000_000 {
             return Err(ConfigError::DriftNotBelowOneMillionPpm);
         }
-        let window = c
-            .ttl
-            .saturating_sub(c.ttl.ppm_ceil(c.drift_ppm))
-            .saturating_sub(c.margin);
+        let window = c.safe_window(c.ttl);
         if c.renew_interval.as_micros() >= window.as_micros() {
             return Err(ConfigError::RenewIntervalNotBelowSafeWindow);
         }

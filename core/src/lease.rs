@@ -5,7 +5,7 @@ use core::fmt;
 use crate::timers::{Timer, TIMERS};
 use crate::{
     AcquireOutcome, Config, Duration, Fence, Indeterminate, Instant, LossReason, Refusal,
-    RenewOutcome, RequestId, Response, Term, WriteGate,
+    ReleaseOutcome, RenewOutcome, RequestId, Response, Term, WriteGate,
 };
 
 /// A lease on one key: a pure state machine, driven by instants and events.
@@ -525,7 +525,9 @@ impl Lease {
         }
         gate.publish_released(self.term(), self.fence);
         self.flags.set(Flags::PAUSED, false);
-        if self.state == State::Acquiring && !self.flags.get(Flags::MAYBE_GRANTED) {
+        // `matches!`, not `==`: the derived `PartialEq` of `State` also compares the
+        // payloads of `Lost` and `NotAcquired`, an out-of-line function of its own.
+        if matches!(self.state, State::Acquiring) && !self.flags.get(Flags::MAYBE_GRANTED) {
             // Every attempt was answered "no": nothing to delete.
             self.finish_release();
         } else {
@@ -545,19 +547,15 @@ impl Lease {
             return;
         }
         if self.timer_due(Timer::Request, now) {
-            if let Some(kind) = self.in_flight.take() {
-                self.flags.set(Flags::ACTION_PENDING, false);
-                match kind {
-                    RequestKind::Acquire => self.acquire_failed(
-                        now,
-                        AcquireFailure::Indeterminate(Indeterminate::Timeout),
-                        gate,
-                    ),
-                    RequestKind::Renew => {
-                        self.renew_indeterminate(now, Indeterminate::Timeout, gate)
-                    }
-                    RequestKind::Release => self.release_answered(),
-                }
+            if let Some(kind) = self.in_flight {
+                // A request that timed out was answered "unknown": the same path.
+                let why = Indeterminate::Timeout;
+                let response = match kind {
+                    RequestKind::Acquire => Response::Acquire(AcquireOutcome::Indeterminate(why)),
+                    RequestKind::Renew => Response::Renew(RenewOutcome::Indeterminate(why)),
+                    RequestKind::Release => Response::Release(ReleaseOutcome::Indeterminate(why)),
+                };
+                self.answered(now, &response, gate);
             }
         }
         if self.in_flight.is_none() && self.timer_due(Timer::Send, now) {
@@ -603,14 +601,25 @@ impl Lease {
             self.stats.stale_responses = self.stats.stale_responses.saturating_add(1);
             return Err(StaleResponse);
         }
+        self.answered(now, &response, gate);
+        Ok(())
+    }
+
+    /// The request in flight was answered with `response` (of its kind), or timed out
+    /// (an indeterminate answer): it is no longer in flight, and the answer moves the
+    /// term on.
+    ///
+    /// Out of line, by reference: answers and timeouts share it, and the holder inside
+    /// an answer is not copied.
+    #[inline(never)]
+    fn answered(&mut self, now: Instant, response: &Response, gate: &WriteGate) {
         self.in_flight = None;
         self.flags.set(Flags::ACTION_PENDING, false);
         match response {
             Response::Acquire(outcome) => self.acquire_answered(now, outcome, gate),
-            Response::Renew(outcome) => self.renew_answered(now, outcome, gate),
+            Response::Renew(outcome) => self.renew_answered(now, *outcome, gate),
             Response::Release(_) => self.release_answered(),
         }
-        Ok(())
     }
 
     /// The lock service reported, unprompted, that the grant with `fence` is gone (an
@@ -706,30 +715,41 @@ impl Lease {
     /// the earliest timer in the table.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        TIMERS.iter().filter_map(|&timer| self.timer(timer)).min()
+        // `MAX` is an unarmed timer, and no armed timer is at `MAX`: the minimum is `MAX`
+        // only when none is armed.
+        let at = TIMERS.iter().fold(Instant::MAX, |earliest, &timer| {
+            earliest.min(self.timer_at(timer))
+        });
+        (at != Instant::MAX).then_some(at)
     }
 
     // ----- internals -----
 
-    /// The timer table: when each timer fires, `None` when it is not armed. The only
-    /// place that knows what arms a timer.
-    fn timer(&self, timer: Timer) -> Option<Instant> {
-        let at = match timer {
+    /// The timer table: when each timer fires, `Instant::MAX` when it is not armed.
+    /// The only place that knows what arms a timer.
+    ///
+    /// `Instant::MAX` is "never", even at `now == MAX`: a timer that saturated there
+    /// must not fire on every call. Plain instants, not `Option`s: less code to compare.
+    fn timer_at(&self, timer: Timer) -> Instant {
+        match timer {
             Timer::Deadline if self.is_held() => self.deadline,
-            Timer::Deadline => return None,
-            Timer::Request => {
-                self.in_flight?;
+            Timer::Request if self.in_flight.is_some() => {
                 self.sent_at.saturating_add(self.config.request_timeout())
             }
             Timer::Send => self.next_send,
-        };
-        // `Instant::MAX` is "never", even at `now == MAX`: a timer that saturated there
-        // must not fire on every call.
+            Timer::Deadline | Timer::Request => Instant::MAX,
+        }
+    }
+
+    /// When `timer` fires, `None` when it is not armed.
+    fn timer(&self, timer: Timer) -> Option<Instant> {
+        let at = self.timer_at(timer);
         (at != Instant::MAX).then_some(at)
     }
 
     fn timer_due(&self, timer: Timer, now: Instant) -> bool {
-        self.timer(timer).is_some_and(|at| now >= at)
+        let at = self.timer_at(timer);
+        at != Instant::MAX && now >= at
     }
 
     const fn is_held(&self) -> bool {
@@ -787,8 +807,8 @@ impl Lease {
         }
     }
 
-    fn acquire_answered(&mut self, now: Instant, outcome: AcquireOutcome, gate: &WriteGate) {
-        match outcome {
+    fn acquire_answered(&mut self, now: Instant, outcome: &AcquireOutcome, gate: &WriteGate) {
+        match *outcome {
             AcquireOutcome::Granted { fence, ttl } => {
                 self.fence = fence;
                 self.granted = ttl;
@@ -808,14 +828,14 @@ impl Lease {
             }
             AcquireOutcome::HeldByAnother(_) => {
                 self.flags.set(Flags::MAYBE_GRANTED, false);
-                self.acquire_failed(now, AcquireFailure::HeldByAnother, gate);
+                self.acquire_failed(now, AcquireFailure::HeldByAnother);
             }
             AcquireOutcome::Refused(why) => {
                 self.flags.set(Flags::MAYBE_GRANTED, false);
                 self.give_up(now, AcquireFailure::Refused(why));
             }
             AcquireOutcome::Indeterminate(why) => {
-                self.acquire_failed(now, AcquireFailure::Indeterminate(why), gate);
+                self.acquire_failed(now, AcquireFailure::Indeterminate(why));
             }
         }
     }
@@ -893,8 +913,7 @@ impl Lease {
 
     /// An attempt failed: retry after a jittered interval, unless that is past the
     /// wait bound (kept in `deadline` while acquiring).
-    fn acquire_failed(&mut self, now: Instant, reason: AcquireFailure, gate: &WriteGate) {
-        let _ = gate;
+    fn acquire_failed(&mut self, now: Instant, reason: AcquireFailure) {
         let retry = now.saturating_add(self.jittered(self.config.retry_interval()));
         if retry >= self.deadline {
             self.give_up(now, reason);
@@ -907,14 +926,31 @@ impl Lease {
     /// The acquire is over without a usable grant. If the service may have granted
     /// any attempt, a best-effort release goes out (the gate never opened).
     fn give_up(&mut self, now: Instant, reason: AcquireFailure) {
-        self.state = State::NotAcquired(reason);
-        self.next_send = Instant::MAX;
+        let maybe_granted = self.flags.get(Flags::MAYBE_GRANTED);
+        self.end(
+            State::NotAcquired(reason),
+            maybe_granted,
+            EventKind::AcquireFailed(reason, true),
+            now,
+        );
+    }
+
+    /// Ends the term in `state`: nothing in flight, nothing to send (but a best-effort
+    /// release when `release` says the key may be ours at the service), writes not
+    /// paused, and `event` queued.
+    ///
+    /// Out of line: loss, giving up and release all end here, one copy of the stores.
+    #[inline(never)]
+    fn end(&mut self, state: State, release: bool, event: EventKind, now: Instant) {
+        self.state = state;
+        self.flags.set(Flags::PAUSED, false);
         self.in_flight = None;
         self.flags.set(Flags::ACTION_PENDING, false);
-        if self.flags.get(Flags::MAYBE_GRANTED) {
+        self.next_send = Instant::MAX;
+        if release {
             self.send(RequestKind::Release, now);
         }
-        self.emit(EventKind::AcquireFailed(reason, true));
+        self.emit(event);
     }
 
     /// `interval` times a factor in [0.5, 1.5], from the xorshift state.
@@ -955,29 +991,18 @@ impl Lease {
     /// the key may still be ours at the service) is queued after.
     fn lose(&mut self, reason: LossReason, now: Instant, gate: &WriteGate) {
         gate.publish_lost(self.term(), self.fence, reason);
-        self.state = State::Lost(reason);
-        self.flags.set(Flags::PAUSED, false);
-        self.in_flight = None;
-        self.flags.set(Flags::ACTION_PENDING, false);
-        self.next_send = Instant::MAX;
-        if matches!(reason, LossReason::Expired | LossReason::Shortened) {
-            self.send(RequestKind::Release, now);
-        }
-        self.emit(EventKind::Lost(reason));
+        let release = matches!(reason, LossReason::Expired | LossReason::Shortened);
+        self.end(State::Lost(reason), release, EventKind::Lost(reason), now);
     }
 
     fn release_answered(&mut self) {
-        if self.state == State::Releasing {
+        if matches!(self.state, State::Releasing) {
             self.finish_release();
         }
     }
 
     fn finish_release(&mut self) {
-        self.state = State::Released;
-        self.in_flight = None;
-        self.flags.set(Flags::ACTION_PENDING, false);
-        self.next_send = Instant::MAX;
-        self.emit(EventKind::Released);
+        self.end(State::Released, false, EventKind::Released, self.latest);
     }
 }
 

@@ -136,12 +136,9 @@ impl Identity {
         }) {
             return Err(IdentityError::Control { at });
         }
-        let mut identity = Identity::EMPTY;
-        for (slot, &byte) in identity.buf.iter_mut().zip(bytes) {
-            *slot = byte;
-        }
-        identity.len = text.len() as u8;
-        Ok(identity)
+        // It fits and has no control character: `lossy` cuts and replaces nothing, and
+        // one copy loop serves both.
+        Ok(Identity::lossy(text))
     }
 
     /// Like [`new`](Self::new), but cuts `text` to the longest prefix that fits (on a
@@ -153,22 +150,35 @@ impl Identity {
             len = len.saturating_sub(1);
         }
         let bytes = text.as_bytes().get(..len).unwrap_or(&[]);
-        let mut identity = Identity::EMPTY;
         let mut control_tail = false;
-        for (at, (slot, &byte)) in identity.buf.iter_mut().zip(bytes).enumerate() {
-            // The second byte of a `C2 80`–`C2 9F` control character goes too.
-            let control = control_tail || control_at(bytes, at, byte);
-            control_tail = control && byte == 0xc2;
-            *slot = if control { b'?' } else { byte };
+        // Each byte is written once, the text's or zero past it: no zero fill first.
+        let buf = core::array::from_fn(|at| match bytes.get(at) {
+            Some(&byte) => {
+                // The second byte of a `C2 80`–`C2 9F` control character goes too.
+                let control = control_tail || control_at(bytes, at, byte);
+                control_tail = control && byte == 0xc2;
+                if control {
+                    b'?'
+                } else {
+                    byte
+                }
+            }
+            None => 0,
+        });
+        Identity {
+            buf,
+            len: len as u8,
         }
-        identity.len = len as u8;
-        identity
     }
 
     /// The identity's text.
     pub fn as_str(&self) -> &str {
+        // The bytes are UTF-8 by construction (copied from a `str`, cut on a character
+        // boundary), so they are one valid chunk. Safe code must still validate them;
+        // `utf8_chunks` does it in less code than `str::from_utf8` (no word-at-a-time
+        // ASCII fast path, which a 64-byte text does not need).
         let bytes = self.buf.get(..usize::from(self.len)).unwrap_or(&[]);
-        core::str::from_utf8(bytes).unwrap_or("")
+        bytes.utf8_chunks().next().map_or("", |chunk| chunk.valid())
     }
 
     /// Whether no identity was given.

@@ -94,13 +94,18 @@ impl OwnerToken {
 const OWNER_HEX_LEN: u32 = 32;
 
 /// Hex digits of `value` without leading zeros (zero is one digit "0"): 1 to 8.
+///
+/// Counted with shifts, not `leading_zeros`: thumbv6m has no count-leading-zeros
+/// instruction, and its library routine (`__clzsi2`, 108 B) is in no other part of a
+/// firmware.
 const fn hex_digits(value: u32) -> u32 {
-    let digits = 8u32.saturating_sub(value.leading_zeros() / 4);
-    if digits == 0 {
-        1
-    } else {
-        digits
+    let mut digits: u32 = 1;
+    let mut rest = value >> 4;
+    while rest != 0 {
+        digits = digits.wrapping_add(1);
+        rest >>= 4;
     }
+    digits
 }
 
 /// The lowercase hex digit of the low nibble of `value`.

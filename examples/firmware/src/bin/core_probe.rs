@@ -35,6 +35,10 @@ static LEASEHOLD_SIZE_OF_WRITE_GATE: MaybeUninit<[u8; size_of::<WriteGate>()]> =
     MaybeUninit::uninit();
 
 /// A value the optimiser cannot predict.
+///
+/// Out of line: the core probe takes some 25 inputs, and `black_box` inlined at each
+/// (a store and a load through the stack) would charge the core for the harness.
+#[inline(never)]
 fn input() -> u64 {
     black_box(0)
 }
@@ -42,24 +46,40 @@ fn input() -> u64 {
 /// A small value the optimiser cannot predict (selects an input kind with a mask, not
 /// a division, so that the harness adds as little code as possible).
 #[cfg(feature = "lease")]
+#[inline(never)]
 fn choice() -> u32 {
     black_box(0)
 }
 
-/// Calls `memcpy` (a copy of 256 bytes): the compiler-builtins routine that the
-/// firmware links without the lease. With `probe-baseline-builtins` both variants
-/// call it, so the difference leaves it out. Not 32-bit division (a library routine
-/// on thumbv6m, which has no divide instruction): the firmware without the lease
-/// divides nowhere, so the core is charged for the division it needs.
+/// Calls the compiler-builtins routines that the firmware links without the lease:
+/// `memcpy` and its word-aligned forms `__aeabi_memcpy4`/`8`, the word-aligned zero
+/// fill `__aeabi_memclr4` (the baseline moves and clears link frames that carry a
+/// holder's identity), and on thumbv6m, which has no 32×32→64 multiply, the 64-bit multiply
+/// `__aeabi_lmul`. Not 32-bit division (a library routine on thumbv6m): the firmware
+/// without the lease divides nowhere, so the core is charged for the division it needs. With
+/// `probe-baseline-builtins` both variants call it, so the difference leaves them out;
+/// `scripts/firmware-size.sh` fails if the baseline firmware stops linking one of them.
 #[cfg(feature = "probe-baseline-builtins")]
 #[inline(never)]
 fn link_baseline_builtins() {
-    // A copy too large to inline (LLVM calls `memcpy`), not `copy_from_slice`: that
-    // one's length check would be a panic path of the probe's own, shared with the
-    // core's (inlined, checked-away) `copy_from_slice` once it is out of line.
+    // Copies too large to inline (LLVM calls `memcpy`, `memcpy4`, `memcpy8` by the
+    // alignment it knows), not `copy_from_slice`: that one's length check would be a
+    // panic path of the probe's own, shared with the core's (inlined, checked-away)
+    // `copy_from_slice` once it is out of line.
     let src: &[u8; 256] = black_box(&[0; 256]);
     let copy: [u8; 256] = *src;
     black_box(&copy);
+    let src: &[u32; 64] = black_box(&[0; 64]);
+    let copy: [u32; 64] = *src;
+    black_box(&copy);
+    let src: &[u64; 32] = black_box(&[0; 32]);
+    let copy: [u64; 32] = *src;
+    black_box(&copy);
+    // A zero fill too large to inline, of a word-aligned buffer (`mut`, so that it is
+    // not promoted to a constant): `memclr4`.
+    let mut zeroed = [0u32; 64];
+    black_box(&mut zeroed);
+    black_box(black_box(1u64).wrapping_mul(black_box(1)));
 }
 
 #[cortex_m_rt::entry]
