@@ -6,6 +6,7 @@
 //! # Features
 #![doc = document_features::document_features!()]
 
+mod error;
 mod outcome;
 mod table;
 
@@ -16,6 +17,7 @@ pub mod postgres;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
 
+pub use error::Error;
 pub use leasehold::{Fence, StaleFence};
 pub use outcome::{Fenced, FencedWrite};
 pub use table::{FenceOutOfRange, InvalidTableName, TableName, MAX_SQL_FENCE};

@@ -30,13 +30,14 @@
 //! Fences are `BIGINT`: exact up to [`MAX_SQL_FENCE`](crate::MAX_SQL_FENCE) (2^63 − 1);
 //! a larger fence is refused before anything is sent.
 
-use std::fmt;
-
 use leasehold::Fence;
 use tokio_postgres::GenericClient;
 
-use crate::table::{from_sql, to_sql};
-use crate::{FenceOutOfRange, Fenced, FencedWrite, InvalidTableName, TableName};
+use crate::error::stored_fence;
+use crate::table::to_sql;
+use crate::{Fenced, FencedWrite, InvalidTableName, TableName};
+
+pub use crate::Error;
 
 /// How often a write is tried again when the row changed under it in a way no fenced
 /// write makes (deleted, or its fence lowered by hand) between the refused upsert and
@@ -167,70 +168,6 @@ impl FencedTable {
         Ok(Some(Fenced { value, fence }))
     }
 }
-
-fn stored_fence(key: &str, stored: i64) -> Result<Fence, Error> {
-    from_sql(stored).ok_or_else(|| Error::CorruptFence {
-        key: key.to_owned(),
-        found: stored,
-    })
-}
-
-/// Why a fenced write or read failed. A stale fence is not an error: it is
-/// [`FencedWrite::Stale`].
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum Error {
-    /// The fence does not fit `BIGINT`; nothing was sent.
-    FenceOutOfRange(FenceOutOfRange),
-    /// The table holds a negative fence for the key: not written by a fenced write
-    /// (the column's `CHECK` forbids it), so the table cannot be trusted.
-    CorruptFence {
-        /// The key.
-        key: String,
-        /// The fence found.
-        found: i64,
-    },
-    /// The write was refused, yet the fence read after it was not newer, three times
-    /// in a row: something other than fenced writes deletes or lowers the row.
-    Unsettled {
-        /// The key.
-        key: String,
-    },
-    /// PostgreSQL failed the statement (connection, permissions, no such table…).
-    Postgres(tokio_postgres::Error),
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::FenceOutOfRange(e) => write!(f, "fenced write refused: {e}"),
-            Error::CorruptFence { key, found } => write!(
-                f,
-                "the fenced row of `{key}` holds fence {found}, which no fenced write stores"
-            ),
-            Error::Unsettled { key } => write!(
-                f,
-                "the fenced write of `{key}` was refused, but no newer fence was found: \
-                 something else deletes or rewrites the row"
-            ),
-            Error::Postgres(e) => match e.as_db_error() {
-                // `tokio_postgres::Error` alone says only "db error".
-                Some(db) => write!(
-                    f,
-                    "fenced write: PostgreSQL answered {} {}: {}",
-                    db.severity(),
-                    db.code().code(),
-                    db.message()
-                ),
-                None => write!(f, "fenced write: PostgreSQL failed: {e}"),
-            },
-        }
-    }
-}
-
-/// The message is complete on its own (PostgreSQL's error is part of it), so
-/// `source()` is `None` and a log line prints the cause once.
-impl std::error::Error for Error {}
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,85 @@
+//! The one error type of every fenced store: what goes wrong is the same for each
+//! database (a fence that does not fit, a row no fenced write made, a refusal that
+//! never settles); only the database's own failure differs.
+
+use std::fmt;
+
+use crate::FenceOutOfRange;
+
+/// Why a fenced write or read failed. A stale fence is not an error: it is
+/// [`FencedWrite::Stale`](crate::FencedWrite::Stale).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The fence does not fit the database's 64-bit signed integer (`BIGINT`,
+    /// `INTEGER`); nothing was sent.
+    FenceOutOfRange(FenceOutOfRange),
+    /// The table holds a negative fence for the key: not written by a fenced write
+    /// (the column's `CHECK` forbids it), so the table cannot be trusted.
+    CorruptFence {
+        /// The key.
+        key: String,
+        /// The fence found.
+        found: i64,
+    },
+    /// The write was refused, yet the fence read after it was not newer, three times
+    /// in a row: something other than fenced writes deletes or lowers the row.
+    Unsettled {
+        /// The key.
+        key: String,
+    },
+    /// PostgreSQL failed the statement (connection, permissions, no such table…).
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    Postgres(tokio_postgres::Error),
+    /// SQLite failed the statement (busy past the busy timeout, no such table, a
+    /// read-only database…).
+    #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+    Sqlite(rusqlite::Error),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::FenceOutOfRange(e) => write!(f, "fenced write refused: {e}"),
+            Error::CorruptFence { key, found } => write!(
+                f,
+                "the fenced row of `{key}` holds fence {found}, which no fenced write stores"
+            ),
+            Error::Unsettled { key } => write!(
+                f,
+                "the fenced write of `{key}` was refused, but no newer fence was found: \
+                 something else deletes or rewrites the row"
+            ),
+            #[cfg(feature = "postgres")]
+            Error::Postgres(e) => match e.as_db_error() {
+                // `tokio_postgres::Error` alone says only "db error".
+                Some(db) => write!(
+                    f,
+                    "fenced write: PostgreSQL answered {} {}: {}",
+                    db.severity(),
+                    db.code().code(),
+                    db.message()
+                ),
+                None => write!(f, "fenced write: PostgreSQL failed: {e}"),
+            },
+            #[cfg(feature = "sqlite")]
+            Error::Sqlite(e) => write!(f, "fenced write: SQLite failed: {e}"),
+        }
+    }
+}
+
+/// The message is complete on its own (the database's error is part of it), so
+/// `source()` is `None` and a log line prints the cause once.
+impl std::error::Error for Error {}
+
+/// The fence a row holds, or [`Error::CorruptFence`] for a value no fenced write
+/// stores.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) fn stored_fence(key: &str, stored: i64) -> Result<leasehold::Fence, Error> {
+    crate::table::from_sql(stored).ok_or_else(|| Error::CorruptFence {
+        key: key.to_owned(),
+        found: stored,
+    })
+}
