@@ -10,10 +10,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{config, identity, proxy_endpoint, service, service_on, std_ms, EtcdCluster, Proxy};
-use leasehold_test_support::election::min_median_max;
-use leasehold_test_support::Candidates;
-use leasehold_tokio::{AcquireError, Election};
+use common::{config, proxy_endpoint, service, service_on, std_ms, EtcdCluster, Proxy};
+use leasehold_test_support::election::{five_candidates_scenario, Scenario};
 
 const KEY: &str = "election";
 // etcd TTLs are whole seconds, at least its minimum (1 s with the fast test timing).
@@ -38,53 +36,16 @@ fn five_candidates_keep_one_leader_through_stalled_leaders_and_a_stopped_server(
             services.push(Arc::new(service_on(vec![proxy_endpoint(&proxy)]).await));
             proxies.push(proxy);
         }
-        let candidates = Candidates::start(services, KEY, config(TTL_MS));
-        let last = candidates.elected_after(None, std_ms(8_000)).await;
-
-        // A follower is refused, and told who leads.
-        let outsider = Election::new(
-            Arc::new(service(&cluster).await),
-            KEY,
-            identity("outsider"),
-            config(TTL_MS),
-        )
-        .unwrap();
-        match outsider.campaign_for(std_ms(200)).await {
-            Err(AcquireError::Busy { holder: Some(h) }) => {
-                assert_eq!(h.identity, Candidates::identity(last.index));
-                assert_eq!(h.fence, last.fence);
-            }
-            other => panic!("a follower campaign: {other:?}"),
-        }
-        let named = outsider.leader().await.unwrap().unwrap();
-        assert_eq!(named.identity, Candidates::identity(last.index));
-
-        // Stall the leader's connection past T, three times: another candidate leads,
-        // with a newer fence, and the stalled one's check already fails.
-        let ttl = std_ms(TTL_MS);
-        let stalls = candidates
-            .stalled_leader_failovers(&proxies, 3, ttl / 3, std_ms(8_000))
-            .await;
-        println!(
-            "failover after a stalled leader: {}",
-            min_median_max(&stalls)
-        );
-
-        // Stop the server for 2 T: no leader once T has passed; after it resumes, a
-        // new leadership with a newer fence.
-        let stops = candidates
-            .stopped_server_failovers(
-                1,
-                ttl * 2,
-                ttl,
-                || cluster.pause(0),
-                || cluster.resume(0),
-                std_ms(8_000),
-            )
-            .await;
-        println!(
-            "leader again after the server resumed: {}",
-            min_median_max(&stops)
-        );
+        five_candidates_scenario(Scenario {
+            services,
+            proxies,
+            outsider: Arc::new(service(&cluster).await),
+            key: KEY,
+            config: config(TTL_MS),
+            stop: || cluster.pause(0),
+            resume: || cluster.resume(0),
+            limit: std_ms(8_000),
+        })
+        .await;
     });
 }

@@ -254,6 +254,88 @@ impl Candidates {
     }
 }
 
+/// What a backend's election test gives [`five_candidates_scenario`].
+pub struct Scenario<S, P, R> {
+    /// One service per candidate, each through its own proxy (same order as
+    /// `proxies`).
+    pub services: Vec<Arc<S>>,
+    /// The candidates' proxies, to stall a leader's connection.
+    pub proxies: Vec<Proxy>,
+    /// A service that does not campaign, straight to the server: the follower.
+    pub outsider: Arc<S>,
+    /// The election's key and config (its TTL is the one the stalls and the stop are
+    /// measured against).
+    pub key: &'static str,
+    /// The candidates' config.
+    pub config: Config,
+    /// Stops the server (SIGSTOP).
+    pub stop: P,
+    /// Resumes it.
+    pub resume: R,
+    /// The longest wait for any new leader.
+    pub limit: Duration,
+}
+
+/// The election contract on a real backend, the same for every one: five candidates
+/// keep at most one leader at every sample; a follower's bounded campaign is refused
+/// as `Busy` and names the leader, as `leader()` does; a leader whose connection
+/// stalls past T is replaced (three times) by another with a newer fence, its own
+/// check already failing; while the server is stopped for 2 T nobody leads once T
+/// has passed, and after it resumes a leader comes with a newer fence.
+///
+/// # Panics
+///
+/// On any breach (this is a test helper).
+pub async fn five_candidates_scenario<S: LockService + 'static>(
+    scenario: Scenario<S, impl FnMut(), impl FnMut()>,
+) {
+    let Scenario {
+        services,
+        proxies,
+        outsider,
+        key,
+        config,
+        stop,
+        resume,
+        limit,
+    } = scenario;
+    let ttl: Duration = config.ttl().into();
+    let candidates = Candidates::start(services, key, config);
+    let last = candidates.elected_after(None, limit).await;
+
+    let outsider = Election::new(outsider, key, Identity::lossy("outsider"), config)
+        .expect("the outsider's election");
+    match outsider.campaign_for(ttl / 5).await {
+        Err(AcquireError::Busy { holder: Some(h) }) => {
+            assert_eq!(h.identity, Candidates::identity(last.index));
+            assert_eq!(h.fence, last.fence);
+        }
+        other => panic!("a follower's campaign: {other:?}"),
+    }
+    let named = outsider
+        .leader()
+        .await
+        .expect("leader()")
+        .expect("a leader");
+    assert_eq!(named.identity, Candidates::identity(last.index));
+
+    let stalls = candidates
+        .stalled_leader_failovers(&proxies, 3, ttl / 3, limit)
+        .await;
+    println!(
+        "failover after a stalled leader: {}",
+        min_median_max(&stalls)
+    );
+
+    let stops = candidates
+        .stopped_server_failovers(1, ttl * 2, ttl, stop, resume, limit)
+        .await;
+    println!(
+        "leader again after the server resumed: {}",
+        min_median_max(&stops)
+    );
+}
+
 /// `min / median / max` of `times`, in ms, for a figures table.
 pub fn min_median_max(times: &[Duration]) -> String {
     let mut ms: Vec<f64> = times.iter().map(|t| t.as_secs_f64() * 1e3).collect();
