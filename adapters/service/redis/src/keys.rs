@@ -1,6 +1,9 @@
 //! Key names: `{name}` and `{name}:fence`, one hash tag, one cluster slot.
 
+use std::fmt;
+
 use leasehold::KeyError;
+use redis::{RedisWrite, ToRedisArgs};
 
 /// The two Redis keys of lock `name`: the lock itself, `{name}`, holding
 /// `<owner token>\n<fence>\n<identity>` with a TTL, and its fence counter,
@@ -31,8 +34,58 @@ impl Keys {
     pub fn new(name: &str) -> Result<Keys, KeyError> {
         leasehold::check_key(name)?;
         Ok(Keys {
-            lock: format!("{{{name}}}"),
-            fence: format!("{{{name}}}:fence"),
+            lock: LockKey(name).to_string(),
+            fence: FenceKey(name).to_string(),
         })
+    }
+}
+
+/// The lock key of `name`, `{name}`, written straight into a command: a request
+/// builds no key string of its own (the renew path runs once per lease per T/3).
+/// The caller has checked `name` ([`leasehold::check_key`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LockKey<'a>(pub(crate) &'a str);
+
+/// The fence-counter key of `name`, `{name}:fence`, like [`LockKey`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FenceKey<'a>(pub(crate) &'a str);
+
+impl fmt::Display for LockKey<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{{{}}}", self.0)
+    }
+}
+
+impl fmt::Display for FenceKey<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:fence", LockKey(self.0))
+    }
+}
+
+impl ToRedisArgs for LockKey<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        out.write_arg_fmt(self);
+    }
+}
+
+impl ToRedisArgs for FenceKey<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        out.write_arg_fmt(self);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The keys written into a command are the keys `Keys` names, one argument each.
+    #[test]
+    fn keys_written_into_a_command_are_one_argument_each() {
+        let keys = Keys::new("orders").unwrap();
+        let (mut written, mut expected) = (redis::Cmd::new(), redis::Cmd::new());
+        written.arg((LockKey("orders"), FenceKey("orders")));
+        expected.arg(&keys.lock).arg(&keys.fence);
+        assert_eq!(written.get_packed_command(), expected.get_packed_command());
+        assert_eq!((LockKey("a"), FenceKey("a")).num_of_args(), 2);
     }
 }

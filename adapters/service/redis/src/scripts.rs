@@ -15,14 +15,41 @@
 //! answer "not the owner"; a lock key that is not a string makes Redis itself answer
 //! `WRONGTYPE`.
 
-use leasehold::{Duration, Fence, Holder, Identity};
-use redis::Value;
+use std::fmt;
+
+use leasehold::{Duration, Fence, Holder, Identity, OwnerToken};
+use redis::{RedisWrite, ToRedisArgs, Value};
 
 use crate::error::{Op, ProtocolError};
 
 /// The scripts themselves live in `leasehold-resp` (no_std), the one source both
 /// services load: the same text, so the same SHA1.
 pub use leasehold_resp::scripts::{ACQUIRE, HOLDER, RAISE_FENCE, RELEASE, RENEW};
+
+/// The start of the lock value that renew and release compare: `<token>\n<fence>\n`
+/// (renew: this grant only), or `<token>\n` (release: this owner's term, whatever
+/// the fence). Written straight into the command, without a string of its own.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ValuePrefix {
+    pub(crate) token: OwnerToken,
+    pub(crate) fence: Option<Fence>,
+}
+
+impl fmt::Display for ValuePrefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{}", self.token.encode().as_str())?;
+        match self.fence {
+            Some(fence) => writeln!(f, "{}", fence.0),
+            None => Ok(()),
+        }
+    }
+}
+
+impl ToRedisArgs for ValuePrefix {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        out.write_arg_fmt(self);
+    }
+}
 
 /// What the acquire script answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,6 +180,25 @@ mod tests {
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    /// Renew compares `<token>\n<fence>\n`, release `<token>\n`: the start of the value
+    /// the acquire script stores, byte for byte, written as one command argument.
+    #[test]
+    fn value_prefixes_are_the_start_of_the_stored_value() {
+        let token = leasehold::Owner([7; 16]).token(leasehold::Term(3));
+        let encoded = token.encode();
+        let renew = ValuePrefix {
+            token,
+            fence: Some(Fence(42)),
+        };
+        let release = ValuePrefix { token, fence: None };
+        assert_eq!(renew.to_string(), format!("{}\n42\n", encoded.as_str()));
+        assert_eq!(release.to_string(), format!("{}\n", encoded.as_str()));
+        let (mut written, mut expected) = (redis::Cmd::new(), redis::Cmd::new());
+        written.arg(renew).arg(release);
+        expected.arg(renew.to_string()).arg(release.to_string());
+        assert_eq!(written.get_packed_command(), expected.get_packed_command());
     }
 
     #[test]
