@@ -6,7 +6,8 @@
 # It installs what is missing (rustup targets, redis-server, etcd, protoc, ARM
 # binutils), then runs: fmt, clippy, the tests (real servers are started by the tests
 # themselves on free loopback ports; every lock service runs the conformance suite),
-# the loom models, the no_std target builds, the firmware builds with their size table,
+# the Redis benchmark in smoke mode (every peer briefly, errors only), the loom
+# models, the no_std target builds, the firmware builds with their size table,
 # the exhaustive model check (2 clients) and its mutations, every crate with each
 # feature, every published crate with the Rust it declares (rustup installs the
 # toolchains), the docs with warnings denied, and `cargo publish --dry-run` of every
@@ -29,6 +30,7 @@ stage fmt cargo fmt --all --check
 stage clippy cargo clippy --workspace --all-targets --locked -- -D warnings
 stage tests cargo test --workspace --locked
 stage tokio-metrics bash -c "cargo clippy -q -p leasehold-tokio --all-targets --all-features --locked -- -D warnings && cargo test -q -p leasehold-tokio --all-features --locked"
+stage bench-smoke bash scripts/bench-smoke.sh
 stage redis-tls bash -c "cargo clippy -q -p leasehold-redis --all-targets --features tls --locked -- -D warnings && cargo test -p leasehold-redis --features tls --test tls --locked"
 stage loom bash scripts/loom.sh
 stage no_std bash scripts/no-std.sh
