@@ -226,14 +226,16 @@ impl Peers {
         }
     }
 
-    /// Renewals per second of `peer` with `n` closed-loop leases, and how many
-    /// requests timed out (not counted as renewals).
-    async fn rate(&self, peer: Peer, n: usize, settings: &Settings) -> (f64, u64) {
+    /// Renewals per second of `peer` with `n` closed-loop leases, the client's CPU
+    /// time per renewal, and how many requests timed out (not counted as renewals).
+    async fn rate(&self, peer: Peer, n: usize, settings: &Settings) -> Measured {
+        let cpu_before = thread_cpu();
         let start = StdInstant::now();
         let window = Rc::new(Window {
             measure_from: start + settings.warmup,
             end: start + settings.warmup + StdDuration::from_secs_f64(settings.secs),
             count: Cell::new(0),
+            all: Cell::new(0),
             timeouts: Cell::new(0),
         });
         let mut tasks = Vec::with_capacity(n);
@@ -324,10 +326,12 @@ impl Peers {
                 self.rslocks.borrow_mut()[i] = Some(lock);
             }
         }
-        (
-            window.count.get() as f64 / settings.secs,
-            window.timeouts.get(),
-        )
+        let cpu = thread_cpu() - cpu_before;
+        Measured {
+            rate: window.count.get() as f64 / settings.secs,
+            cpu_us: cpu.as_secs_f64() * 1e6 / window.all.get().max(1) as f64,
+            timeouts: window.timeouts.get(),
+        }
     }
 }
 
@@ -335,17 +339,39 @@ fn raw_value(token: OwnerToken) -> String {
     format!("{}\n1\n", token.encode().as_str())
 }
 
+/// What one peer did in one run.
+struct Measured {
+    /// Renewals per second in the window.
+    rate: f64,
+    /// CPU time of the client thread (everything of the client runs on it, the
+    /// connection's own tasks too) per renewal, warm-up included, in µs: what a
+    /// renewal costs the client, much less disturbed by the machine's other load than
+    /// the rate.
+    cpu_us: f64,
+    timeouts: u64,
+}
+
+/// This thread's CPU time so far.
+fn thread_cpu() -> StdDuration {
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .expect("CLOCK_THREAD_CPUTIME_ID is always available on Linux");
+    StdDuration::new(ts.tv_sec() as u64, ts.tv_nsec() as u32)
+}
+
 /// The measuring window: renewals completed after the warm-up and before the end.
 struct Window {
     measure_from: StdInstant,
     end: StdInstant,
     count: Cell<u64>,
+    /// Every renewal, warm-up included (for the CPU time per renewal).
+    all: Cell<u64>,
     timeouts: Cell<u64>,
 }
 
 impl Window {
     /// Counts a renewal just completed; false once the window has closed.
     fn counted(&self) -> bool {
+        self.all.set(self.all.get() + 1);
         let now = StdInstant::now();
         if now >= self.end {
             return false;
@@ -389,6 +415,7 @@ fn main() {
     // a different order each round, so a noisy neighbour hits all alike; the table
     // shows medians and the median of the per-round ratios.
     let mut rates = vec![vec![Vec::new(); PEERS.len()]; LEASES.len()];
+    let mut cpu = vec![vec![Vec::new(); PEERS.len()]; LEASES.len()];
     let mut timeouts = [0u64; PEERS.len()];
     let failover = run_local(async {
         let peers = Peers::start(&server).await;
@@ -397,9 +424,10 @@ fn main() {
                 for turn in 0..PEERS.len() {
                     let p = (turn + round) % PEERS.len();
                     if settings.peers.contains(&PEERS[p]) {
-                        let (rate, timed_out) = peers.rate(PEERS[p], n, &settings).await;
-                        rates[k][p].push(rate);
-                        timeouts[p] += timed_out;
+                        let measured = peers.rate(PEERS[p], n, &settings).await;
+                        rates[k][p].push(measured.rate);
+                        cpu[k][p].push(measured.cpu_us);
+                        timeouts[p] += measured.timeouts;
                     }
                 }
             }
@@ -438,6 +466,25 @@ fn main() {
         );
     }
 
+    println!();
+    println!(
+        "| K leases | client CPU µs / renewal: leasehold-redis | redis-rs EVALSHA | rslock \
+         | leasehold ÷ redis-rs | leasehold ÷ rslock |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for (k, &n) in LEASES.iter().enumerate() {
+        let [ours, raw, rsl] = [0, 1, 2].map(|p| &cpu[k][p]);
+        let ratio =
+            |theirs: &[f64]| -> Vec<f64> { ours.iter().zip(theirs).map(|(a, b)| a / b).collect() };
+        println!(
+            "| {n} | {} | {} | {} | {} | {} |",
+            shown(median(ours), 2),
+            shown(median(raw), 2),
+            shown(median(rsl), 2),
+            shown(median(&ratio(raw)), 2),
+            shown(median(&ratio(rsl)), 2),
+        );
+    }
     println!(
         "\nrequests timed out (not counted): leasehold {}, redis-rs {}, rslock {} \
          (rslock: extends that failed; it then deletes the key, taken again)",
