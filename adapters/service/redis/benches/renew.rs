@@ -18,6 +18,9 @@
 //! - **redis-rs EVALSHA**: the honest floor: a multiplexed redis-rs connection (1 s
 //!   response timeout, like leasehold's request timeout) sending `EVALSHA` of a plain
 //!   compare-and-`PEXPIRE` script, its command built once per lease, no typed answer.
+//! - **leasehold-mux**: the same on a plain multiplexed connection (1 s request
+//!   timeout), without the reconnecting wrapper `connect` puts around it: what that
+//!   wrapper costs.
 //! - **rslock**: `LockManager::extend` of rslock (Redlock, one server), which
 //!   compare-and-`SET`s the value with a new `PX` (redis-rs's default 500 ms response
 //!   timeout).
@@ -39,7 +42,8 @@ use leasehold_driver::LockService;
 use leasehold_redis::{Acquired, RedisLockService};
 use redis::aio::MultiplexedConnection;
 
-const TTL_MS: u64 = 60_000;
+/// Long enough that no lease expires between its turns, however long the rounds.
+const TTL_MS: u64 = 86_400_000;
 
 /// The honest peer's script: compare the whole value, `PEXPIRE`.
 const COMPARE_PEXPIRE: &str = r"
@@ -52,6 +56,8 @@ return 0
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Peer {
     Leasehold,
+    /// leasehold on a plain multiplexed connection (no reconnecting wrapper).
+    LeaseholdMux,
     RawEvalsha,
     Rslock,
 }
@@ -60,13 +66,19 @@ impl Peer {
     fn name(self) -> &'static str {
         match self {
             Peer::Leasehold => "leasehold",
+            Peer::LeaseholdMux => "leasehold-mux",
             Peer::RawEvalsha => "redis-rs",
             Peer::Rslock => "rslock",
         }
     }
 }
 
-const PEERS: [Peer; 3] = [Peer::Leasehold, Peer::RawEvalsha, Peer::Rslock];
+const PEERS: [Peer; 4] = [
+    Peer::Leasehold,
+    Peer::RawEvalsha,
+    Peer::Rslock,
+    Peer::LeaseholdMux,
+];
 const LEASES: [usize; 3] = [1, 100, 1_000];
 
 struct Settings {
@@ -75,7 +87,8 @@ struct Settings {
     rounds: usize,
     failover_trials: u64,
     smoke: bool,
-    /// `LEASEHOLD_BENCH_PEERS=leasehold,redis-rs,rslock` (the default: all), to profile one.
+    /// `LEASEHOLD_BENCH_PEERS=leasehold,redis-rs,rslock,leasehold-mux` (the default:
+    /// all), to profile one.
     peers: Vec<Peer>,
 }
 
@@ -104,7 +117,7 @@ impl Settings {
                         .into_iter()
                         .find(|p| p.name() == name.trim())
                         .unwrap_or_else(|| {
-                            panic!("LEASEHOLD_BENCH_PEERS: {name:?} is none of leasehold, redis-rs, rslock")
+                            panic!("LEASEHOLD_BENCH_PEERS: {name:?} is none of leasehold, redis-rs, rslock, leasehold-mux")
                         })
                 })
                 .collect(),
@@ -134,6 +147,7 @@ impl Settings {
 /// Every peer's connection and per-lease state, set up once.
 struct Peers {
     leasehold: RedisLockService,
+    leasehold_mux: RedisLockService<MultiplexedConnection>,
     token: OwnerToken,
     raw: MultiplexedConnection,
     raw_sha: String,
@@ -144,6 +158,10 @@ struct Peers {
 
 fn leasehold_key(i: usize) -> String {
     format!("lh:{i}")
+}
+
+fn mux_key(i: usize) -> String {
+    format!("mx:{i}")
 }
 
 fn raw_key(i: usize) -> String {
@@ -173,6 +191,19 @@ impl Peers {
             .query_async(&mut raw)
             .await
             .expect("SCRIPT LOAD");
+        // Its own connection, bounded by leasehold's request timeout alone (one timer
+        // per request, as `connect` sets it up).
+        let mux = redis::Client::open(url.as_str())
+            .expect("url")
+            .get_multiplexed_async_connection_with_config(
+                &redis::AsyncConnectionConfig::new().set_response_timeout(None),
+            )
+            .await
+            .expect("leasehold-mux connection");
+        let leasehold_mux = RedisLockService::from_connection(mux)
+            .await
+            .expect("leasehold on a multiplexed connection")
+            .with_request_timeout(Some(StdDuration::from_secs(1)));
         let rslock = rslock::LockManager::new(vec![url]);
         let max = LEASES.iter().copied().max().unwrap_or(0);
         let mut rslocks = Vec::with_capacity(max);
@@ -196,6 +227,11 @@ impl Peers {
                 ),
                 "{granted:?}"
             );
+            let granted = leasehold_mux
+                .try_acquire(&mux_key(i), token, &leasehold::Identity::EMPTY, ms(TTL_MS))
+                .await
+                .expect("leasehold-mux acquire");
+            assert!(matches!(granted, Acquired::Granted { .. }), "{granted:?}");
             // The raw peer's value: the same bytes as leasehold's (`<token>\n<fence>\n`,
             // empty identity), so both scripts compare equally long strings.
             let set: redis::Value = redis::cmd("SET")
@@ -218,6 +254,7 @@ impl Peers {
         }
         Peers {
             leasehold,
+            leasehold_mux,
             token,
             raw,
             raw_sha,
@@ -243,31 +280,10 @@ impl Peers {
             let window = window.clone();
             tasks.push(match peer {
                 Peer::Leasehold => {
-                    let (service, token, key) =
-                        (self.leasehold.clone(), self.token, leasehold_key(i));
-                    tokio::task::spawn_local(async move {
-                        loop {
-                            let more = match LockService::renew(
-                                &service,
-                                &key,
-                                token,
-                                Fence(1),
-                                ms(TTL_MS),
-                            )
-                            .await
-                            {
-                                RenewOutcome::Renewed { .. } => window.counted(),
-                                RenewOutcome::Indeterminate(Indeterminate::Timeout) => {
-                                    window.timed_out()
-                                }
-                                other => panic!("leasehold renew answered {other:?}"),
-                            };
-                            if !more {
-                                break;
-                            }
-                        }
-                        None
-                    })
+                    spawn_leasehold(self.leasehold.clone(), leasehold_key(i), self.token, window)
+                }
+                Peer::LeaseholdMux => {
+                    spawn_leasehold(self.leasehold_mux.clone(), mux_key(i), self.token, window)
                 }
                 Peer::RawEvalsha => {
                     let mut conn = self.raw.clone();
@@ -335,6 +351,31 @@ impl Peers {
     }
 }
 
+/// One leasehold lease renewing `key` in a closed loop until the window closes.
+fn spawn_leasehold<C>(
+    service: RedisLockService<C>,
+    key: String,
+    token: OwnerToken,
+    window: Rc<Window>,
+) -> tokio::task::JoinHandle<Option<rslock::Lock>>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    tokio::task::spawn_local(async move {
+        loop {
+            let more = match LockService::renew(&service, &key, token, Fence(1), ms(TTL_MS)).await {
+                RenewOutcome::Renewed { .. } => window.counted(),
+                RenewOutcome::Indeterminate(Indeterminate::Timeout) => window.timed_out(),
+                other => panic!("leasehold renew answered {other:?}"),
+            };
+            if !more {
+                break;
+            }
+        }
+        None
+    })
+}
+
 fn raw_value(token: OwnerToken) -> String {
     format!("{}\n1\n", token.encode().as_str())
 }
@@ -388,6 +429,11 @@ impl Window {
         self.timeouts.set(self.timeouts.get() + 1);
         StdInstant::now() < self.end
     }
+}
+
+/// Per-round ratios `ours[i] / theirs[i]`.
+fn ratios(ours: &[f64], theirs: &[f64]) -> Vec<f64> {
+    ours.iter().zip(theirs).map(|(a, b)| a / b).collect()
 }
 
 /// The median; NaN when the peer was left out (`LEASEHOLD_BENCH_PEERS`).
@@ -446,49 +492,48 @@ fn main() {
     println!();
     println!(
         "| K leases | leasehold-redis `renew` | redis-rs EVALSHA compare-PEXPIRE | rslock `extend` \
-         | leasehold ÷ redis-rs | leasehold ÷ rslock | ÷ redis-rs per round |"
+         | leasehold ÷ redis-rs | leasehold ÷ rslock | ÷ redis-rs per round \
+         | leasehold on a plain multiplexed connection ÷ redis-rs |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---|");
+    println!("|---:|---:|---:|---:|---:|---:|---|---:|");
     for (k, &n) in LEASES.iter().enumerate() {
-        let [ours, raw, rsl] = [0, 1, 2].map(|p| &rates[k][p]);
-        let ratio =
-            |theirs: &[f64]| -> Vec<f64> { ours.iter().zip(theirs).map(|(a, b)| a / b).collect() };
-        let (vs_raw, vs_rslock) = (ratio(raw), ratio(rsl));
+        let [ours, raw, rsl, mux] = [0, 1, 2, 3].map(|p| &rates[k][p]);
+        let (vs_raw, vs_rslock) = (ratios(ours, raw), ratios(ours, rsl));
         let each: Vec<String> = vs_raw.iter().map(|r| format!("{r:.2}")).collect();
         println!(
-            "| {n} | {} | {} | {} | {} | {} | {} |",
+            "| {n} | {} | {} | {} | {} | {} | {} | {} |",
             shown(median(ours), 0),
             shown(median(raw), 0),
             shown(median(rsl), 0),
             shown(median(&vs_raw), 2),
             shown(median(&vs_rslock), 2),
-            each.join(" ")
+            each.join(" "),
+            shown(median(&ratios(mux, raw)), 2),
         );
     }
 
     println!();
     println!(
         "| K leases | client CPU µs / renewal: leasehold-redis | redis-rs EVALSHA | rslock \
-         | leasehold ÷ redis-rs | leasehold ÷ rslock |"
+         | leasehold ÷ redis-rs | leasehold ÷ rslock | leasehold on a plain multiplexed connection |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     for (k, &n) in LEASES.iter().enumerate() {
-        let [ours, raw, rsl] = [0, 1, 2].map(|p| &cpu[k][p]);
-        let ratio =
-            |theirs: &[f64]| -> Vec<f64> { ours.iter().zip(theirs).map(|(a, b)| a / b).collect() };
+        let [ours, raw, rsl, mux] = [0, 1, 2, 3].map(|p| &cpu[k][p]);
         println!(
-            "| {n} | {} | {} | {} | {} | {} |",
+            "| {n} | {} | {} | {} | {} | {} | {} |",
             shown(median(ours), 2),
             shown(median(raw), 2),
             shown(median(rsl), 2),
-            shown(median(&ratio(raw)), 2),
-            shown(median(&ratio(rsl)), 2),
+            shown(median(&ratios(ours, raw)), 2),
+            shown(median(&ratios(ours, rsl)), 2),
+            shown(median(mux), 2),
         );
     }
     println!(
         "\nrequests timed out (not counted): leasehold {}, redis-rs {}, rslock {} \
-         (rslock: extends that failed; it then deletes the key, taken again)",
-        timeouts[0], timeouts[1], timeouts[2]
+         (rslock: extends that failed; it then deletes the key, taken again), leasehold-mux {}",
+        timeouts[0], timeouts[1], timeouts[2], timeouts[3]
     );
     println!();
     println!(

@@ -1,6 +1,6 @@
 //! Key names: `{name}` and `{name}:fence`, one hash tag, one cluster slot.
 
-use std::fmt;
+use std::io::Write;
 
 use leasehold::KeyError;
 use redis::{RedisWrite, ToRedisArgs};
@@ -34,8 +34,8 @@ impl Keys {
     pub fn new(name: &str) -> Result<Keys, KeyError> {
         leasehold::check_key(name)?;
         Ok(Keys {
-            lock: LockKey(name).to_string(),
-            fence: FenceKey(name).to_string(),
+            lock: lock_key(name).concat(),
+            fence: fence_key(name).concat(),
         })
     }
 }
@@ -50,27 +50,35 @@ pub(crate) struct LockKey<'a>(pub(crate) &'a str);
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct FenceKey<'a>(pub(crate) &'a str);
 
-impl fmt::Display for LockKey<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{{{}}}", self.0)
-    }
+/// `{name}`, in pieces (the one definition of the lock key).
+fn lock_key(name: &str) -> [&str; 3] {
+    ["{", name, "}"]
 }
 
-impl fmt::Display for FenceKey<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:fence", LockKey(self.0))
-    }
+/// `{name}:fence`, in pieces (the one definition of the fence key).
+fn fence_key(name: &str) -> [&str; 4] {
+    ["{", name, "}", ":fence"]
 }
 
 impl ToRedisArgs for LockKey<'_> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        out.write_arg_fmt(self);
+        write_arg(out, &lock_key(self.0).map(str::as_bytes));
     }
 }
 
 impl ToRedisArgs for FenceKey<'_> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        out.write_arg_fmt(self);
+        write_arg(out, &fence_key(self.0).map(str::as_bytes));
+    }
+}
+
+/// Writes `pieces` as ONE argument of the command, straight into its buffer (no
+/// `core::fmt`, no string of its own).
+pub(crate) fn write_arg<W: ?Sized + RedisWrite>(out: &mut W, pieces: &[&[u8]]) {
+    let mut arg = out.writer_for_next_arg();
+    for piece in pieces {
+        // Into an in-memory command buffer: a write cannot fail.
+        let _ = arg.write_all(piece);
     }
 }
 

@@ -15,12 +15,11 @@
 //! answer "not the owner"; a lock key that is not a string makes Redis itself answer
 //! `WRONGTYPE`.
 
-use std::fmt;
-
 use leasehold::{Duration, Fence, Holder, Identity, OwnerToken};
 use redis::{RedisWrite, ToRedisArgs, Value};
 
 use crate::error::{Op, ProtocolError};
+use crate::keys::write_arg;
 
 /// The scripts themselves live in `leasehold-resp` (no_std), the one source both
 /// services load: the same text, so the same SHA1.
@@ -35,19 +34,36 @@ pub(crate) struct ValuePrefix {
     pub(crate) fence: Option<Fence>,
 }
 
-impl fmt::Display for ValuePrefix {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "{}", self.token.encode().as_str())?;
+impl ToRedisArgs for ValuePrefix {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let token = self.token.encode();
+        let mut digits = [0; 20];
         match self.fence {
-            Some(fence) => writeln!(f, "{}", fence.0),
-            None => Ok(()),
+            Some(fence) => write_arg(
+                out,
+                &[
+                    token.as_str().as_bytes(),
+                    b"\n",
+                    decimal(fence.0, &mut digits),
+                    b"\n",
+                ],
+            ),
+            None => write_arg(out, &[token.as_str().as_bytes(), b"\n"]),
         }
     }
 }
 
-impl ToRedisArgs for ValuePrefix {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        out.write_arg_fmt(self);
+/// `n` in decimal, no leading zeros (as the acquire script stores a fence), written
+/// into `buf` (20 digits: `u64::MAX`).
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut start = buf.len();
+    loop {
+        start -= 1;
+        buf[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[start..];
+        }
     }
 }
 
@@ -188,16 +204,16 @@ mod tests {
     fn value_prefixes_are_the_start_of_the_stored_value() {
         let token = leasehold::Owner([7; 16]).token(leasehold::Term(3));
         let encoded = token.encode();
-        let renew = ValuePrefix {
-            token,
-            fence: Some(Fence(42)),
-        };
-        let release = ValuePrefix { token, fence: None };
-        assert_eq!(renew.to_string(), format!("{}\n42\n", encoded.as_str()));
-        assert_eq!(release.to_string(), format!("{}\n", encoded.as_str()));
         let (mut written, mut expected) = (redis::Cmd::new(), redis::Cmd::new());
-        written.arg(renew).arg(release);
-        expected.arg(renew.to_string()).arg(release.to_string());
+        for fence in [0, 7, 42, 1_000, u64::MAX] {
+            written.arg(ValuePrefix {
+                token,
+                fence: Some(Fence(fence)),
+            });
+            expected.arg(format!("{}\n{fence}\n", encoded.as_str()));
+        }
+        written.arg(ValuePrefix { token, fence: None });
+        expected.arg(format!("{}\n", encoded.as_str()));
         assert_eq!(written.get_packed_command(), expected.get_packed_command());
     }
 
