@@ -6,7 +6,8 @@
 # It installs what is missing (rustup targets, redis-server, etcd, postgresql, protoc,
 # ARM binutils), then runs: fmt, clippy, the tests (real servers are started by the tests
 # themselves on free loopback ports; every lock service runs the conformance suite),
-# the loom models, the no_std target builds, the firmware builds with their size table,
+# the Redis benchmark in smoke mode (every peer briefly, errors only), the loom
+# models, the no_std target builds, the firmware builds with their size table,
 # the firmware holding a lease on a real Redis in QEMU (both ARM builds),
 # the exhaustive model check (2 clients) and its mutations, every crate with each
 # feature, every published crate with the Rust it declares (rustup installs the
@@ -31,6 +32,7 @@ stage clippy cargo clippy --workspace --all-targets --locked -- -D warnings
 stage tests cargo test --workspace --locked
 stage tokio-metrics bash -c "cargo clippy -q -p leasehold-tokio --all-targets --all-features --locked -- -D warnings && cargo test -q -p leasehold-tokio --all-features --locked"
 stage storage bash -c "cargo clippy -q -p leasehold-storage --all-targets --all-features --locked -- -D warnings && cargo test -p leasehold-storage --all-features --locked"
+stage bench-smoke bash scripts/bench-smoke.sh
 stage redis-tls bash -c "cargo clippy -q -p leasehold-redis --all-targets --features tls --locked -- -D warnings && cargo test -p leasehold-redis --features tls --test tls --locked"
 stage loom bash scripts/loom.sh
 stage no_std bash scripts/no-std.sh

@@ -117,6 +117,11 @@ where
     let mut request_id = None;
     let mut watching = pin!(None);
     let mut watched = None;
+    // The sleep until the lease's next deadline, kept across passes while the deadline
+    // stays the same: a runtime timer is registered once per deadline, not once per
+    // answer or wake-up. `sleeping_until` is its deadline while the slot holds one.
+    let mut sleep = pin!(None);
+    let mut sleeping_until = Instant::ZERO;
 
     loop {
         while let Some(action) = lease.poll_action() {
@@ -168,8 +173,14 @@ where
             _ => {}
         }
 
-        let timer = lease.poll_timeout();
-        let mut sleep = pin!(timer.map(|at| clock.sleep_until(at)));
+        match lease.poll_timeout() {
+            Some(at) if sleep.is_none() || at != sleeping_until => {
+                sleep.set(Some(clock.sleep_until(at)));
+                sleeping_until = at;
+            }
+            Some(_) => {}
+            None => sleep.set(None),
+        }
         let wake = poll_fn(|cx| {
             if let Some(()) = poll_slot(&mut release, cx) {
                 return Poll::Ready(Wake::ReleaseRequested);

@@ -306,3 +306,65 @@ fn a_final_refusal_ends_the_term_at_once() {
     );
     assert_eq!(clock.now(), Instant::ZERO, "not retried");
 }
+
+/// A [`JumpClock`] that also records every sleep the loop builds, and whether it ran
+/// to its end.
+struct RecordingClock {
+    clock: JumpClock,
+    /// (deadline, completed) per sleep built, in order.
+    sleeps: RefCell<Vec<(Instant, Cell<bool>)>>,
+}
+
+impl Clock for RecordingClock {
+    fn now(&self) -> Instant {
+        self.clock.now()
+    }
+    fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> {
+        let index = {
+            let mut sleeps = self.sleeps.borrow_mut();
+            sleeps.push((deadline, Cell::new(false)));
+            sleeps.len() - 1
+        };
+        let jump = self.clock.sleep_until(deadline);
+        async move {
+            jump.await;
+            self.sleeps.borrow()[index].1.set(true);
+        }
+    }
+}
+
+#[test]
+fn a_sleep_is_built_only_when_the_deadline_changes_or_the_last_one_ended() {
+    let service = OneKey::default();
+    let clock = RecordingClock {
+        clock: JumpClock(Cell::new(Instant::ZERO)),
+        sleeps: RefCell::new(Vec::new()),
+    };
+    let gate = WriteGate::new();
+    let mut lease = Lease::new(config());
+
+    let end = block_on(run_term(
+        &mut lease,
+        &gate,
+        target(&service),
+        &clock,
+        Instant::MAX,
+        at_time(&clock.clock, Instant::from_millis(2_000)),
+        |_| {},
+    ))
+    .unwrap();
+
+    assert_eq!(end, TermEnd::Released);
+    let sleeps = clock.sleeps.borrow();
+    assert!(
+        sleeps.len() >= 6,
+        "a sleep per renewal at least: {sleeps:?}"
+    );
+    for pair in sleeps.windows(2) {
+        let ((before, ended), (next, _)) = (&pair[0], &pair[1]);
+        assert!(
+            before != next || ended.get(),
+            "a sleep until {before:?} was rebuilt while the first still waited: {sleeps:?}"
+        );
+    }
+}

@@ -101,7 +101,9 @@ mod tests {
     /// 440 B; the renewal send instant (for the round trip in metrics and tracing) took
     /// the shared state to 448 B, and the term's counters (`LeaseStats`: retries and the
     /// core's `Stats`) to 464 B; the lease's `tracing` span (feature `tracing`, on by
-    /// default) adds 40 B to the task, which runs inside it.
+    /// default) adds 40 B to the task, which runs inside it; keeping the sleep across
+    /// the loop's passes (one runtime timer per deadline, not per pass) costs the task
+    /// the 8 B of that deadline.
     #[tokio::test]
     async fn a_lease_task_and_its_shared_state_stay_small() {
         let config = Config::builder(Duration::from_secs(3)).build().unwrap();
@@ -119,7 +121,7 @@ mod tests {
         let task = super::drive(timed, Instant::MAX);
         let (task, shared) = (size_of_val(&task), size_of::<Shared>());
         println!("driver task future: {task} B, shared state: {shared} B");
-        let limit = if cfg!(feature = "tracing") { 928 } else { 896 };
+        let limit = if cfg!(feature = "tracing") { 936 } else { 904 };
         assert!(task <= limit, "driver task future is {task} B");
         assert!(shared <= 464, "shared state is {shared} B");
     }

@@ -1,7 +1,10 @@
 //! Key names: `{name}` and `{name}:fence` for a lock, `{name}:data` and
 //! `{name}:data:fence` for fenced storage; one hash tag each, one cluster slot.
 
+use std::io::Write;
+
 use leasehold::KeyError;
+use redis::{RedisWrite, ToRedisArgs};
 
 /// The two Redis keys of lock `name`: the lock itself, `{name}`, holding
 /// `<owner token>\n<fence>\n<identity>` with a TTL, and its fence counter,
@@ -32,8 +35,8 @@ impl Keys {
     pub fn new(name: &str) -> Result<Keys, KeyError> {
         leasehold::check_key(name)?;
         Ok(Keys {
-            lock: format!("{{{name}}}"),
-            fence: format!("{{{name}}}:fence"),
+            lock: lock_key(name).concat(),
+            fence: fence_key(name).concat(),
         })
     }
 }
@@ -68,5 +71,63 @@ impl FencedKeys {
             data: format!("{{{name}}}:data"),
             fence: format!("{{{name}}}:data:fence"),
         })
+    }
+}
+
+/// The lock key of `name`, `{name}`, written straight into a command: a request
+/// builds no key string of its own (the renew path runs once per lease per T/3).
+/// The caller has checked `name` ([`leasehold::check_key`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LockKey<'a>(pub(crate) &'a str);
+
+/// The fence-counter key of `name`, `{name}:fence`, like [`LockKey`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FenceKey<'a>(pub(crate) &'a str);
+
+/// `{name}`, in pieces (the one definition of the lock key).
+fn lock_key(name: &str) -> [&str; 3] {
+    ["{", name, "}"]
+}
+
+/// `{name}:fence`, in pieces (the one definition of the fence key).
+fn fence_key(name: &str) -> [&str; 4] {
+    ["{", name, "}", ":fence"]
+}
+
+impl ToRedisArgs for LockKey<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        write_arg(out, &lock_key(self.0).map(str::as_bytes));
+    }
+}
+
+impl ToRedisArgs for FenceKey<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        write_arg(out, &fence_key(self.0).map(str::as_bytes));
+    }
+}
+
+/// Writes `pieces` as ONE argument of the command, straight into its buffer (no
+/// `core::fmt`, no string of its own).
+pub(crate) fn write_arg<W: ?Sized + RedisWrite>(out: &mut W, pieces: &[&[u8]]) {
+    let mut arg = out.writer_for_next_arg();
+    for piece in pieces {
+        // Into an in-memory command buffer: a write cannot fail.
+        let _ = arg.write_all(piece);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The keys written into a command are the keys `Keys` names, one argument each.
+    #[test]
+    fn keys_written_into_a_command_are_one_argument_each() {
+        let keys = Keys::new("orders").unwrap();
+        let (mut written, mut expected) = (redis::Cmd::new(), redis::Cmd::new());
+        written.arg((LockKey("orders"), FenceKey("orders")));
+        expected.arg(&keys.lock).arg(&keys.fence);
+        assert_eq!(written.get_packed_command(), expected.get_packed_command());
+        assert_eq!((LockKey("a"), FenceKey("a")).num_of_args(), 2);
     }
 }

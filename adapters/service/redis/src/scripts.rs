@@ -15,16 +15,59 @@
 //! answer "not the owner"; a lock key that is not a string makes Redis itself answer
 //! `WRONGTYPE`.
 
-use leasehold::{Duration, Fence, Holder, Identity};
-use redis::Value;
+use leasehold::{Duration, Fence, Holder, Identity, OwnerToken};
+use redis::{RedisWrite, ToRedisArgs, Value};
 
 use leasehold_storage::FencedWrite;
 
 use crate::error::{Op, ProtocolError};
+use crate::keys::write_arg;
 
 /// The scripts themselves live in `leasehold-resp` (no_std), the one source both
 /// services load: the same text, so the same SHA1.
 pub use leasehold_resp::scripts::{ACQUIRE, FENCED_WRITE, HOLDER, RAISE_FENCE, RELEASE, RENEW};
+
+/// The start of the lock value that renew and release compare: `<token>\n<fence>\n`
+/// (renew: this grant only), or `<token>\n` (release: this owner's term, whatever
+/// the fence). Written straight into the command, without a string of its own.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ValuePrefix {
+    pub(crate) token: OwnerToken,
+    pub(crate) fence: Option<Fence>,
+}
+
+impl ToRedisArgs for ValuePrefix {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let token = self.token.encode();
+        let mut digits = [0; 20];
+        match self.fence {
+            Some(fence) => write_arg(
+                out,
+                &[
+                    token.as_str().as_bytes(),
+                    b"\n",
+                    decimal(fence.0, &mut digits),
+                    b"\n",
+                ],
+            ),
+            None => write_arg(out, &[token.as_str().as_bytes(), b"\n"]),
+        }
+    }
+}
+
+/// `n` in decimal, no leading zeros (as the acquire script stores a fence), written
+/// into `buf` (20 digits: `u64::MAX`).
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut start = buf.len();
+    loop {
+        start -= 1;
+        buf[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[start..];
+        }
+    }
+}
 
 /// What the acquire script answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,6 +219,25 @@ mod tests {
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    /// Renew compares `<token>\n<fence>\n`, release `<token>\n`: the start of the value
+    /// the acquire script stores, byte for byte, written as one command argument.
+    #[test]
+    fn value_prefixes_are_the_start_of_the_stored_value() {
+        let token = leasehold::Owner([7; 16]).token(leasehold::Term(3));
+        let encoded = token.encode();
+        let (mut written, mut expected) = (redis::Cmd::new(), redis::Cmd::new());
+        for fence in [0, 7, 42, 1_000, u64::MAX] {
+            written.arg(ValuePrefix {
+                token,
+                fence: Some(Fence(fence)),
+            });
+            expected.arg(format!("{}\n{fence}\n", encoded.as_str()));
+        }
+        written.arg(ValuePrefix { token, fence: None });
+        expected.arg(format!("{}\n", encoded.as_str()));
+        assert_eq!(written.get_packed_command(), expected.get_packed_command());
     }
 
     #[test]

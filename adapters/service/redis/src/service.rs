@@ -9,8 +9,11 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 
 use crate::error::{Op, ProtocolError, RedisLockError};
-use crate::keys::{FencedKeys, Keys};
-use crate::scripts::{self, AcquireReply};
+use crate::keys::{FenceKey, FencedKeys, LockKey};
+use crate::scripts::{self, AcquireReply, ValuePrefix};
+
+/// The script arguments of a call that has none.
+const NO_ARGS: &[&str; 0] = &[];
 
 /// A Redis lock service: one connection shared by every lease that uses it.
 ///
@@ -197,15 +200,15 @@ where
         ttl: Duration,
     ) -> Result<Acquired, RedisLockError> {
         let op = Op::Acquire;
-        let keys = keys_of(op, name)?;
+        let name = checked(op, name)?;
         let (ms, applied) = ttl_ms(ttl);
         let encoded = token.encode();
         let value = self
             .eval(
                 op,
                 &self.shared.acquire,
-                &[&keys.lock, &keys.fence],
-                &[encoded.as_str(), &ms, identity.as_str()],
+                (LockKey(name), FenceKey(name)),
+                (encoded.as_str(), ms, identity.as_str()),
             )
             .await?;
         Ok(
@@ -231,11 +234,14 @@ where
         ttl: Duration,
     ) -> Result<Renewed, RedisLockError> {
         let op = Op::Renew;
-        let keys = keys_of(op, name)?;
+        let name = checked(op, name)?;
         let (ms, applied) = ttl_ms(ttl);
-        let prefix = format!("{}\n{}\n", token.encode().as_str(), fence.0);
+        let prefix = ValuePrefix {
+            token,
+            fence: Some(fence),
+        };
         let value = self
-            .eval(op, &self.shared.renew, &[&keys.lock], &[&prefix, &ms])
+            .eval(op, &self.shared.renew, LockKey(name), (prefix, ms))
             .await?;
         Ok(
             if scripts::parse_flag(op, &value).map_err(|e| self.protocol(e))? {
@@ -254,10 +260,10 @@ where
         token: OwnerToken,
     ) -> Result<Released, RedisLockError> {
         let op = Op::Release;
-        let keys = keys_of(op, name)?;
-        let prefix = format!("{}\n", token.encode().as_str());
+        let name = checked(op, name)?;
+        let prefix = ValuePrefix { token, fence: None };
         let value = self
-            .eval(op, &self.shared.release, &[&keys.lock], &[&prefix])
+            .eval(op, &self.shared.release, LockKey(name), prefix)
             .await?;
         Ok(
             if scripts::parse_flag(op, &value).map_err(|e| self.protocol(e))? {
@@ -272,9 +278,9 @@ where
     /// `None` when it is free. Changes nothing.
     pub async fn try_holder(&self, name: &str) -> Result<Option<Holder>, RedisLockError> {
         let op = Op::Holder;
-        let keys = keys_of(op, name)?;
+        let name = checked(op, name)?;
         let value = self
-            .eval::<&str>(op, &self.shared.holder, &[&keys.lock], &[])
+            .eval(op, &self.shared.holder, LockKey(name), NO_ARGS)
             .await?;
         scripts::parse_holder(&value).map_err(|e| self.protocol(e))
     }
@@ -289,16 +295,15 @@ where
     /// more.
     pub async fn raise_fence(&self, name: &str, at_least: Fence) -> Result<Fence, RedisLockError> {
         let op = Op::RaiseFence;
-        let keys = keys_of(op, name)?;
+        let name = checked(op, name)?;
         if at_least.0 > (i64::MAX - 1) as u64 {
             return Err(RedisLockError::InvalidRequest {
                 op,
                 reason: "the fence counter is a Redis integer: at most 2^63 - 2",
             });
         }
-        let want = at_least.0.to_string();
         let value = self
-            .eval(op, &self.shared.raise_fence, &[&keys.fence], &[&want])
+            .eval(op, &self.shared.raise_fence, FenceKey(name), at_least.0)
             .await?;
         scripts::parse_raise_fence(&value).map_err(|e| self.protocol(e))
     }
@@ -400,17 +405,24 @@ where
     }
 
     /// `EVALSHA`, reloading the script once on `NOSCRIPT`, bounded by the timeout.
-    async fn eval<A: ToRedisArgs + Sync>(
+    ///
+    /// `keys` and `args` are written straight into the one command buffer (sized for
+    /// the usual request up front): the renew path allocates no strings of its own.
+    async fn eval(
         &self,
         op: Op,
         script: &Script,
-        keys: &[&str],
-        args: &[A],
+        keys: impl ToRedisArgs,
+        args: impl ToRedisArgs,
     ) -> Result<Value, RedisLockError> {
         let endpoint = self.shared.endpoint.as_str();
         let call = async {
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(&script.sha).arg(keys.len()).arg(keys).arg(args);
+            let mut cmd = redis::Cmd::with_capacity(8, 192);
+            cmd.arg("EVALSHA")
+                .arg(script.sha.as_str())
+                .arg(keys.num_of_args())
+                .arg(keys)
+                .arg(args);
             let mut conn = self.conn.clone();
             match cmd.query_async::<Value>(&mut conn).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
@@ -447,9 +459,10 @@ where
     }
 }
 
-/// The keys of lock `name`, or why `name` cannot be one (refused before sending).
-fn keys_of(op: Op, name: &str) -> Result<Keys, RedisLockError> {
-    Keys::new(name).map_err(|error| {
+/// `name` if it can name a lock ([`leasehold::check_key`]), or why not (refused
+/// before sending).
+fn checked(op: Op, name: &str) -> Result<&str, RedisLockError> {
+    leasehold::check_key(name).map(|()| name).map_err(|error| {
         let mut key = name.to_owned();
         if key.len() > 200 {
             let mut cut = 200;
@@ -465,22 +478,20 @@ fn keys_of(op: Op, name: &str) -> Result<Keys, RedisLockError> {
 
 /// The keys of fenced resource `name`, or why `name` cannot be one.
 fn fenced_keys_of(op: Op, name: &str) -> Result<FencedKeys, RedisLockError> {
-    FencedKeys::new(name).map_err(|error| match keys_of(op, name) {
-        Err(invalid) => invalid,
-        // The same rules: a name refused here is refused there.
-        Ok(_) => RedisLockError::InvalidKey {
-            op,
-            key: name.to_owned(),
-            error,
-        },
+    // The same rules as a lock's name, with the same error.
+    let name = checked(op, name)?;
+    FencedKeys::new(name).map_err(|error| RedisLockError::InvalidKey {
+        op,
+        key: name.to_owned(),
+        error,
     })
 }
 
 /// A TTL as `PX`/`PEXPIRE` take it: whole milliseconds, rounded up (a renewal never
 /// applies less than asked), at least 1 (Redis refuses 0). Also the TTL applied.
-fn ttl_ms(ttl: Duration) -> (String, Duration) {
+fn ttl_ms(ttl: Duration) -> (u64, Duration) {
     let ms = ttl.as_micros().div_ceil(1_000).max(1);
-    (ms.to_string(), Duration::from_millis(ms))
+    (ms, Duration::from_millis(ms))
 }
 
 #[cfg(test)]
@@ -489,12 +500,12 @@ mod tests {
 
     #[test]
     fn ttls_round_up_to_whole_milliseconds_and_never_below_one() {
-        assert_eq!(ttl_ms(Duration::from_millis(300)).0, "300");
+        assert_eq!(ttl_ms(Duration::from_millis(300)).0, 300);
         assert_eq!(
             ttl_ms(Duration::from_micros(300_001)).1,
             Duration::from_millis(301)
         );
         assert_eq!(ttl_ms(Duration::ZERO).1, Duration::from_millis(1));
-        assert_eq!(ttl_ms(Duration::MAX).0, (u64::MAX / 1_000 + 1).to_string());
+        assert_eq!(ttl_ms(Duration::MAX).0, u64::MAX / 1_000 + 1);
     }
 }

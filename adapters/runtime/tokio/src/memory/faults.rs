@@ -96,6 +96,11 @@ impl FaultTable {
         *self = FaultTable::default();
     }
 
+    /// Whether any fault is set, for any scope.
+    pub(crate) fn any(&self) -> bool {
+        self.global != Faults::NONE || !self.clients.is_empty()
+    }
+
     /// Whether `owner`'s requests currently wait (stall) or vanish (partition).
     pub(crate) fn blocked(&self, owner: Owner) -> (bool, bool) {
         let own = self.clients.get(&owner).copied().unwrap_or_default();
@@ -108,7 +113,7 @@ impl FaultTable {
     /// Decides the fate of a request `owner` sends now, using up drop counters.
     /// `None` when no fault touches it: the service answers at once.
     pub(crate) fn plan(&mut self, owner: Owner) -> Option<Plan> {
-        if self.global == Faults::NONE && self.clients.is_empty() {
+        if !self.any() {
             return None;
         }
         let before = self.get(Scope::Owner(owner));

@@ -18,9 +18,11 @@
 
 mod faults;
 mod request;
+mod shards;
 mod table;
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use leasehold::{
@@ -35,7 +37,7 @@ pub use table::Grant;
 
 use faults::FaultTable;
 use request::{Op, Request};
-use table::Table;
+use shards::Shards;
 
 /// An in-memory lock service for many keys, with fault injection.
 ///
@@ -44,7 +46,9 @@ use table::Table;
 /// with [`AcquireOptions::owner`]).
 ///
 /// Expiry is lazy: a grant whose TTL ran out is dropped when its key is next touched,
-/// so no timer runs per key. An expiry is therefore not announced through `revoked`
+/// so no timer runs per key. The keys are split over 64 shards by a hash of the name,
+/// each with its own mutex, and a request without faults locks only its key's shard:
+/// 100k leases on a multi-threaded runtime do not queue on one lock. An expiry is therefore not announced through `revoked`
 /// (a holder learns it from its next renewal); [`revoke`](Self::revoke) is.
 ///
 /// ```
@@ -70,18 +74,24 @@ use table::Table;
 /// [`AcquireOptions::owner`]: crate::AcquireOptions::owner
 #[derive(Debug, Default)]
 pub struct MemoryService {
-    inner: Mutex<Inner>,
+    shards: Shards,
+    /// Lock order: `faults` before a shard, never the other way round.
+    faults: Mutex<FaultState>,
+    /// Whether any fault is set (written under the `faults` lock): while none is, a
+    /// request skips the `faults` lock and goes straight to its key's shard.
+    any_faults: AtomicBool,
     /// Wakes stalled requests after a fault changed.
     faults_changed: Notify,
     /// Wakes revocation watchers after a key was revoked.
     revocations: Notify,
 }
 
+/// The faults in force and what they did.
 #[derive(Debug, Default)]
-struct Inner {
-    table: Table,
-    faults: FaultTable,
-    stats: ServiceStats,
+struct FaultState {
+    table: FaultTable,
+    lost_requests: u64,
+    lost_responses: u64,
 }
 
 /// Counters of what the service did.
@@ -106,26 +116,47 @@ impl MemoryService {
         MemoryService::default()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    fn lock_faults(&self) -> MutexGuard<'_, FaultState> {
         // Nothing panics under this lock; a poisoned one still holds plain values.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        self.faults.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Changes the faults, keeping [`any_faults`](Self::any_faults) true to them.
+    fn change_faults(&self, change: impl FnOnce(&mut FaultTable)) {
+        let mut faults = self.lock_faults();
+        change(&mut faults.table);
+        self.any_faults.store(faults.table.any(), Ordering::Release);
     }
 
     // ----- inspection -----
 
     /// The live grant of `key`, if any.
     pub fn grant(&self, key: &str) -> Option<Grant> {
-        self.lock().table.grant(key, tokio::time::Instant::now())
+        self.shards
+            .of(key)
+            .table
+            .grant(key, tokio::time::Instant::now())
     }
 
     /// What the service did so far.
     pub fn stats(&self) -> ServiceStats {
-        self.lock().stats
+        let faults = self.lock_faults();
+        let mut stats = ServiceStats {
+            lost_requests: faults.lost_requests,
+            lost_responses: faults.lost_responses,
+            ..ServiceStats::default()
+        };
+        for shard in self.shards.each() {
+            stats.acquires += shard.acquires;
+            stats.renewals += shard.renewals;
+            stats.releases += shard.releases;
+        }
+        stats
     }
 
     /// How many keys the service has ever seen (keys are kept for their fence counter).
     pub fn key_count(&self) -> usize {
-        self.lock().table.len()
+        self.shards.each().map(|shard| shard.table.len()).sum()
     }
 
     // ----- an operator's actions -----
@@ -133,7 +164,11 @@ impl MemoryService {
     /// Deletes `key`'s grant from outside, as an operator would, and notifies its
     /// holder through `revoked`. Returns the grant that was deleted.
     pub fn revoke(&self, key: &str) -> Option<Grant> {
-        let grant = self.lock().table.revoke(key, tokio::time::Instant::now());
+        let grant = self
+            .shards
+            .of(key)
+            .table
+            .revoke(key, tokio::time::Instant::now());
         if grant.is_some() {
             self.revocations.notify_waiters();
         }
@@ -144,14 +179,17 @@ impl MemoryService {
     /// failover that lost the key). Nobody is notified; the holder's next renewal is
     /// answered "not owner". Returns the grant that ended.
     pub fn expire_now(&self, key: &str) -> Option<Grant> {
-        self.lock().table.expire(key, tokio::time::Instant::now())
+        self.shards
+            .of(key)
+            .table
+            .expire(key, tokio::time::Instant::now())
     }
 
     // ----- faults -----
 
     /// The faults set for `scope` (not combined with the global ones).
     pub fn faults(&self, scope: impl Into<Scope>) -> Faults {
-        self.lock().faults.get(scope.into())
+        self.lock_faults().table.get(scope.into())
     }
 
     /// Replaces the faults of `scope`.
@@ -161,13 +199,13 @@ impl MemoryService {
 
     /// Changes the faults of `scope`. Requests already waiting in a stall re-check.
     pub fn update_faults(&self, scope: impl Into<Scope>, change: impl FnOnce(&mut Faults)) {
-        self.lock().faults.update(scope.into(), change);
+        self.change_faults(|faults| faults.update(scope.into(), change));
         self.faults_changed.notify_waiters();
     }
 
     /// Removes every fault, global and per client.
     pub fn clear_faults(&self) {
-        self.lock().faults.clear();
+        self.change_faults(FaultTable::clear);
         self.faults_changed.notify_waiters();
     }
 
@@ -258,7 +296,7 @@ impl LockService for MemoryService {
                 let mut revoked = std::pin::pin!(revoked);
                 // Register before looking, so a revocation in between still wakes us.
                 revoked.as_mut().enable();
-                if self.lock().table.was_revoked(key, fence) {
+                if self.shards.of(key).table.was_revoked(key, fence) {
                     return;
                 }
                 revoked.await;

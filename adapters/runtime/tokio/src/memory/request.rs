@@ -9,6 +9,7 @@
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use leasehold::{
@@ -18,7 +19,7 @@ use leasehold::{
 use tokio::time::Instant;
 
 use super::faults::Plan;
-use super::{Inner, MemoryService};
+use super::MemoryService;
 
 /// What a request asks for.
 #[derive(Clone, Copy, Debug)]
@@ -40,7 +41,7 @@ pub(crate) enum Answer {
 
 impl Answer {
     /// The final refusal of `op` on a key that breaks the key rules.
-    fn refused(op: &Op, why: Refusal) -> Answer {
+    pub(crate) fn refused(op: &Op, why: Refusal) -> Answer {
         match op {
             Op::Acquire(..) => Answer::Acquire(AcquireOutcome::Refused(why)),
             Op::Renew(..) => Answer::Renew(RenewOutcome::Refused(why)),
@@ -90,30 +91,6 @@ impl FromAnswer for HolderOutcome {
     }
 }
 
-impl Inner {
-    /// Carries out `op` at `now`.
-    fn apply(&mut self, key: &str, token: OwnerToken, op: Op, now: Instant) -> Answer {
-        if leasehold::check_key(key).is_err() {
-            return Answer::refused(&op, Refusal::InvalidKey);
-        }
-        match op {
-            Op::Acquire(ttl, identity) => {
-                self.stats.acquires += 1;
-                Answer::Acquire(self.table.acquire(key, token, identity, ttl, now))
-            }
-            Op::Holder => Answer::Holder(self.table.holder(key, now)),
-            Op::Renew(fence, ttl) => {
-                self.stats.renewals += 1;
-                Answer::Renew(self.table.renew(key, token, fence, ttl, now))
-            }
-            Op::Release => {
-                self.stats.releases += 1;
-                Answer::Release(self.table.release(key, token, now))
-            }
-        }
-    }
-}
-
 /// A request that carries out its [`Op`] on the service when (and if) it arrives.
 pub(crate) struct Request<'s, 'k, T> {
     stage: Stage<'s, 'k>,
@@ -158,16 +135,10 @@ impl<T: FromAnswer> Future for Request<'_, '_, T> {
                 key,
                 token,
                 op,
-            } => {
-                let mut inner = service.lock();
-                match inner.faults.plan(token.owner) {
-                    None => {
-                        let answer = inner.apply(key, token, op, Instant::now());
-                        return Poll::Ready(T::from_answer(answer));
-                    }
-                    Some(plan) => Box::pin(service.faulty(key.into(), token, op, plan)),
-                }
-            }
+            } => match service.send(key, token, op) {
+                Ok(answer) => return Poll::Ready(T::from_answer(answer)),
+                Err(plan) => Box::pin(service.faulty(key.into(), token, op, plan)),
+            },
             Stage::Faulty(future) => future,
             Stage::Done => panic!("request polled after it completed"),
         };
@@ -189,11 +160,28 @@ enum Arrival {
 }
 
 impl MemoryService {
+    /// Sends a request: carries it out at once when no fault touches it, or answers
+    /// the plan its faults make for it (using up drop counters).
+    fn send(&self, key: &str, token: OwnerToken, op: Op) -> Result<Answer, Plan> {
+        if !self.any_faults.load(Ordering::Acquire) {
+            // No fault set anywhere: only the key's shard is locked.
+            return Ok(self.shards.of(key).apply(key, token, op, Instant::now()));
+        }
+        let mut faults = self.lock_faults();
+        let plan = faults.table.plan(token.owner);
+        self.any_faults.store(faults.table.any(), Ordering::Release);
+        match plan {
+            // Carried out under the faults lock, so no fault can change in between.
+            None => Ok(self.shards.of(key).apply(key, token, op, Instant::now())),
+            Some(plan) => Err(plan),
+        }
+    }
+
     /// The slow path of a request that a fault touches.
     async fn faulty(&self, key: Box<str>, token: OwnerToken, op: Op, plan: Plan) -> Answer {
         let owner = token.owner;
         if plan.lose_request {
-            self.lock().stats.lost_requests += 1;
+            self.lock_faults().lost_requests += 1;
             return std::future::pending().await;
         }
         let there = plan.latency / 2;
@@ -207,14 +195,17 @@ impl MemoryService {
             // Register before looking, so an un-stall in between still wakes us.
             changed.as_mut().enable();
             let arrival = {
-                let mut inner = self.lock();
-                match inner.faults.blocked(owner) {
+                let mut faults = self.lock_faults();
+                match faults.table.blocked(owner) {
                     (_, true) => {
-                        inner.stats.lost_requests += 1;
+                        faults.lost_requests += 1;
                         Arrival::Lost
                     }
                     (true, false) => Arrival::Stalled,
-                    (false, false) => Arrival::Done(inner.apply(&key, token, op, Instant::now())),
+                    // Carried out under the faults lock, like every faulty request.
+                    (false, false) => {
+                        Arrival::Done(self.shards.of(&key).apply(&key, token, op, Instant::now()))
+                    }
                 }
             };
             match arrival {
@@ -224,15 +215,20 @@ impl MemoryService {
             }
         };
         if plan.lose_response {
-            self.lock().stats.lost_responses += 1;
+            self.lock_faults().lost_responses += 1;
             return std::future::pending().await;
         }
         if !back.is_zero() {
             tokio::time::sleep(back).await;
         }
-        if self.lock().faults.blocked(owner).1 {
+        let lost_on_the_way_back = {
+            let mut faults = self.lock_faults();
             // Partitioned while the answer travelled back: lost.
-            self.lock().stats.lost_responses += 1;
+            let lost = faults.table.blocked(owner).1;
+            faults.lost_responses += u64::from(lost);
+            lost
+        };
+        if lost_on_the_way_back {
             return std::future::pending().await;
         }
         answer

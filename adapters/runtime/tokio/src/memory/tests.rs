@@ -290,3 +290,38 @@ async fn revoke_notifies_the_holder_and_expire_now_does_not() {
     assert_eq!(s.grant("k"), None);
     assert!(s.revoke("k").is_none(), "nothing left to revoke");
 }
+
+/// Keys are spread over shards: leases on many keys from several worker threads each
+/// get their own fence counter, and the service's counts add up over every shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_keys_from_many_threads_keep_their_own_fences_and_counts_add_up() {
+    let service = std::sync::Arc::new(MemoryService::new());
+    let workers: Vec<_> = (0..4u8)
+        .map(|worker| {
+            let service = service.clone();
+            tokio::spawn(async move {
+                for i in 0..500 {
+                    let key = format!("w{worker}-k{i}");
+                    let a = token(worker + 1);
+                    let grant = service.acquire(&key, a, &Identity::EMPTY, TTL).await;
+                    assert_eq!(grant, granted(1), "{key}");
+                    let renewed = service.renew(&key, a, Fence(1), TTL).await;
+                    assert_eq!(renewed, RenewOutcome::Renewed { ttl: TTL }, "{key}");
+                    assert_eq!(service.release(&key, a).await, ReleaseOutcome::Released);
+                    // The counter survives the release: the next grant is newer.
+                    let again = service.acquire(&key, a, &Identity::EMPTY, TTL).await;
+                    assert_eq!(again, granted(2), "{key}");
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    assert_eq!(service.key_count(), 2_000);
+    let stats = service.stats();
+    assert_eq!(
+        (stats.acquires, stats.renewals, stats.releases),
+        (4_000, 2_000, 2_000)
+    );
+}
