@@ -28,6 +28,7 @@ stage setup bash scripts/setup.sh
 stage fmt cargo fmt --all --check
 stage clippy cargo clippy --workspace --all-targets --locked -- -D warnings
 stage tests cargo test --workspace --locked
+stage bench-smoke-etcd bash scripts/bench-smoke-etcd.sh
 stage tokio-metrics bash -c "cargo clippy -q -p leasehold-tokio --all-targets --all-features --locked -- -D warnings && cargo test -q -p leasehold-tokio --all-features --locked"
 stage redis-tls bash -c "cargo clippy -q -p leasehold-redis --all-targets --features tls --locked -- -D warnings && cargo test -p leasehold-redis --features tls --test tls --locked"
 stage loom bash scripts/loom.sh
