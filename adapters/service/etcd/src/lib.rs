@@ -3,6 +3,7 @@
 #![deny(missing_docs)]
 
 mod error;
+mod keep_alive;
 mod lock_service;
 mod requests;
 mod service;

@@ -322,24 +322,13 @@ impl EtcdLockService {
         Ok(Renewed::NotOwner(why))
     }
 
-    /// One keep-alive exchange on a fresh stream: `Some(ttl)` if etcd extended the
-    /// lease (the TTL it applied: the lease's granted TTL), `None` if it has no such
-    /// lease.
-    ///
-    /// A fresh stream per renewal gives one request one answer: on a long-lived stream
-    /// the answer to a renewal abandoned by a timeout could be read as the answer to
-    /// the next one, whose deadline counts from a later send time.
-    ///
-    /// etcd-client's `keep_alive` sends the first keep-alive and checks its answer
-    /// (TTL 0 → "lease not found") but does not hand its TTL over, so a second
-    /// keep-alive goes on the same stream and its answer is the one reported: a
-    /// renewal, too, sent after the caller's send time.
+    /// One keep-alive of `lease` on its persistent stream (see `keep_alive.rs`):
+    /// `Some(ttl)` if etcd extended the lease (the TTL it applied: the lease's granted
+    /// TTL), `None` if it has no such lease. The answer is to a keep-alive sent after
+    /// this call began, and the whole exchange is bounded by the request timeout.
     async fn keep_alive(&self, key: &str, lease: i64) -> Result<Option<Duration>, EtcdLockError> {
-        let exchange = |mut c: Client| async move {
-            let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
-            keeper.keep_alive().await?;
-            stream.message().await
-        };
+        let streams = &self.shared.keep_alives;
+        let exchange = |c: Client| streams.keep_alive(c, lease);
         match self.timed(Op::KeepAlive, key, exchange).await? {
             Ok(Some(answer)) if answer.ttl() > 0 => {
                 if answer.id() != lease {
