@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod checks;
 mod error;
 mod keep_alive;
 mod lock_service;

@@ -303,8 +303,8 @@ impl EtcdLockService {
             self.forget(key, token);
             return Ok(Renewed::NotOwner(NotHeld::LeaseGone));
         };
-        let answer = self.get(Op::Check, key).await?.0;
-        let why = match answer.kvs.first().map(found) {
+        let read = self.read_after_keep_alive(key).await?;
+        let why = match read.as_ref().map(found) {
             None => NotHeld::KeyGone,
             Some(Found::Grant(stored, now)) if stored.is(&token.encode()) && now == held => {
                 return Ok(Renewed::Extended { ttl });

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use etcd_client::{Client, ConnectOptions, GetOptions, Txn};
 use leasehold::{Duration, Fence, Holder, OwnerToken};
 
+use crate::checks::Checks;
 use crate::error::{ErrorKind, EtcdLockError, Op};
 use crate::keep_alive::KeepAlives;
 
@@ -39,6 +40,8 @@ pub(crate) struct Shared {
     /// A persistent keep-alive stream per lease renewed, closed when its grant is
     /// forgotten.
     pub(crate) keep_alives: KeepAlives,
+    /// Renewals waiting for their ownership read, batched.
+    pub(crate) checks: Checks,
 }
 
 /// One grant as etcd holds it.
@@ -305,6 +308,7 @@ impl EtcdLockService {
                 endpoints,
                 held: Mutex::new(HashMap::new()),
                 keep_alives: KeepAlives::default(),
+                checks: Checks::default(),
             }),
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             watch_retry: std::time::Duration::from_millis(100),

@@ -1200,3 +1200,61 @@ async fn a_timed_out_renewal_never_leaves_its_stream_to_the_next() {
     );
     assert_eq!(keep_alive_counts(&cluster).0, started + 3);
 }
+
+/// etcd's count of unary KV calls of `method` (`Range`, `Txn`) started.
+fn kv_calls(cluster: &EtcdCluster, method: &str) -> u64 {
+    let name = format!(
+        r#"grpc_server_started_total{{grpc_method="{method}",grpc_service="etcdserverpb.KV",grpc_type="unary"}}"#
+    );
+    counter(cluster.client_port(0), &name)
+}
+
+/// Concurrent renewals share their ownership reads: ten renewals at once make no read
+/// of their own, between one and ten transactions of reads, and each answer is its own
+/// key's — three keys deleted from outside are `NotOwner(KeyGone)`, the seven others
+/// extended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_renewals_share_their_ownership_reads() {
+    let cluster = EtcdCluster::single();
+    let service = service(&cluster).await;
+    let mut outside = client(&cluster).await;
+    let a = token();
+    let mut grants = Vec::new();
+    for i in 0..10 {
+        let key = format!("batch/{i}");
+        let (fence, ttl, _) = granted(&service, &key, a, ms(5_000)).await;
+        grants.push((key, fence, ttl));
+    }
+    for (key, _, _) in &grants[..3] {
+        outside.delete(key.as_str(), None).await.unwrap();
+    }
+    let (ranges, txns) = (kv_calls(&cluster, "Range"), kv_calls(&cluster, "Txn"));
+    let renewals = grants.iter().map(|(key, fence, _)| {
+        let service = service.clone();
+        let (key, fence) = (key.clone(), *fence);
+        tokio::spawn(async move { service.try_renew(&key, a, fence).await })
+    });
+    let renewals: Vec<_> = renewals.collect();
+    for (i, renewal) in renewals.into_iter().enumerate() {
+        let answer = within(5_000, renewal).await.unwrap().unwrap();
+        if i < 3 {
+            assert_eq!(
+                answer,
+                Renewed::NotOwner(NotHeld::KeyGone),
+                "{}",
+                grants[i].0
+            );
+        } else {
+            assert_eq!(
+                answer,
+                Renewed::Extended { ttl: grants[i].2 },
+                "{}",
+                grants[i].0
+            );
+        }
+    }
+    assert_eq!(kv_calls(&cluster, "Range"), ranges, "no read of their own");
+    let batches = kv_calls(&cluster, "Txn") - txns;
+    assert!((1..=10).contains(&batches), "{batches} transactions");
+    eprintln!("10 concurrent renewals: {batches} transactions of reads");
+}

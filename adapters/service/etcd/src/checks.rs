@@ -1,0 +1,192 @@
+//! The ownership reads of concurrent renewals, batched: one transaction of reads
+//! answers every renewal that was waiting when it was sent (group commit, no timer).
+//!
+//! A renewal's read must come *after* its keep-alive (see `EtcdLockService::try_renew`):
+//! a renewal joins the queue only once its keep-alive was answered, and a batch takes
+//! only renewals already queued, then sends its transaction. So each renewal's key is
+//! read by a linearizable transaction sent after its own keep-alive was answered —
+//! the same evidence as a read of its own, for a fraction of etcd's work when many
+//! leases renew at once. A lone renewal is sent at once, alone: nothing waits for
+//! company.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use etcd_client::proto::{PbKeyValue, PbTxnOpResponse};
+use etcd_client::{Txn, TxnOp};
+use tokio::sync::oneshot;
+
+use crate::error::{ErrorKind, EtcdLockError, Op};
+use crate::service::EtcdLockService;
+
+/// At most this many reads in one transaction: etcd's default `--max-txn-ops`.
+const MAX_BATCH: usize = 128;
+
+/// What a batch answers each of its renewals: the key as read (`None`: no such key).
+type Answer = Result<Option<PbKeyValue>, Failed>;
+
+/// Why a batch failed, for each of its renewals to report about its own key.
+#[derive(Clone)]
+enum Failed {
+    Client(Arc<etcd_client::Error>),
+    /// The transaction was not answered within the request timeout.
+    Timeout,
+    Protocol(String),
+}
+
+struct Waiter {
+    key: Box<str>,
+    answer: oneshot::Sender<Answer>,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<Waiter>,
+    /// Batches sent and not yet answered (one, unless the queue filled a batch).
+    in_flight: usize,
+}
+
+/// The queue of renewals waiting for their ownership read.
+#[derive(Default)]
+pub(crate) struct Checks {
+    queue: Mutex<Queue>,
+}
+
+impl Checks {
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        // Waiters are pushed and taken whole: a poisoned lock is still usable.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A running batch task's place in `in_flight`. The task gives it back itself, in the
+/// same critical section that finds the queue empty (so a renewal queued just then
+/// sees no batch in flight and sends its own); if the task is dropped instead (the
+/// runtime shutting down), dropping this gives it back.
+struct InFlight {
+    service: EtcdLockService,
+    given_back: bool,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if !self.given_back {
+            let mut queue = self.service.shared.checks.queue();
+            queue.in_flight = queue.in_flight.saturating_sub(1);
+        }
+    }
+}
+
+impl EtcdLockService {
+    /// Reads `key` for the ownership check of a renewal whose keep-alive was answered:
+    /// in the next batch (see the module doc), bounded by the request timeout.
+    pub(crate) async fn read_after_keep_alive(
+        &self,
+        key: &str,
+    ) -> Result<Option<PbKeyValue>, EtcdLockError> {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to run a batch on: a read of its own.
+            return Ok(self.get(Op::Check, key).await?.0.kvs.into_iter().next());
+        };
+        let (answer, answered) = oneshot::channel();
+        let batch = {
+            let mut queue = self.shared.checks.queue();
+            queue.waiting.push(Waiter {
+                key: Box::from(key),
+                answer,
+            });
+            if queue.in_flight == 0 || queue.waiting.len() >= MAX_BATCH {
+                queue.in_flight += 1;
+                Some(take_batch(&mut queue))
+            } else {
+                None
+            }
+        };
+        if let Some(batch) = batch {
+            runtime.spawn(self.clone().run_batches(batch));
+        }
+        let after = self.request_timeout;
+        let endpoints = &self.shared.endpoints;
+        match tokio::time::timeout(after, answered).await {
+            Ok(Ok(Ok(kv))) => Ok(kv),
+            Ok(Ok(Err(Failed::Client(err)))) => {
+                Err(EtcdLockError::from_shared_client(Op::Check, endpoints, err).for_key(key))
+            }
+            Ok(Ok(Err(Failed::Timeout))) | Err(_) => {
+                Err(self.error(Op::Check, ErrorKind::Timeout(Some(after)), key))
+            }
+            Ok(Ok(Err(Failed::Protocol(detail)))) => Err(self.protocol(Op::Check, key, detail)),
+            // The batch's task was dropped (the runtime is shutting down).
+            Ok(Err(_)) => Err(self
+                .error(Op::Check, ErrorKind::Service, key)
+                .because("the batched read was dropped before it answered")),
+        }
+    }
+
+    /// Runs `batch`, then every batch queued meanwhile, until the queue is empty.
+    async fn run_batches(self, mut batch: Vec<Waiter>) {
+        let mut place = InFlight {
+            service: self.clone(),
+            given_back: false,
+        };
+        loop {
+            self.run_batch(batch).await;
+            let mut queue = self.shared.checks.queue();
+            if queue.waiting.is_empty() {
+                queue.in_flight = queue.in_flight.saturating_sub(1);
+                place.given_back = true;
+                return;
+            }
+            batch = take_batch(&mut queue);
+        }
+    }
+
+    /// One transaction reading every key of `batch`; each waiter gets its key's answer.
+    async fn run_batch(&self, batch: Vec<Waiter>) {
+        let reads: Vec<TxnOp> = batch
+            .iter()
+            .map(|w| TxnOp::get(w.key.as_bytes(), None))
+            .collect();
+        let txn = Txn::new().and_then(reads);
+        let first = batch.first().map_or("", |w| &w.key);
+        let answer = self
+            .timed(Op::Check, first, |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await;
+        let responses = match answer {
+            Ok(Ok(answer)) if answer.0.responses.len() == batch.len() => answer.0.responses,
+            Ok(Ok(answer)) => {
+                let detail = format!(
+                    "{} reads in one transaction, etcd answered {}",
+                    batch.len(),
+                    answer.0.responses.len()
+                );
+                return fail_all(batch, &Failed::Protocol(detail));
+            }
+            Ok(Err(err)) => return fail_all(batch, &Failed::Client(Arc::new(err))),
+            Err(_) => return fail_all(batch, &Failed::Timeout),
+        };
+        for (waiter, response) in batch.into_iter().zip(responses) {
+            let answer = match response.response {
+                Some(PbTxnOpResponse::ResponseRange(range)) => Ok(range.kvs.into_iter().next()),
+                other => Err(Failed::Protocol(format!(
+                    "a range response, etcd answered {other:?}"
+                ))),
+            };
+            // A renewal that gave up meanwhile no longer listens.
+            let _ = waiter.answer.send(answer);
+        }
+    }
+}
+
+fn take_batch(queue: &mut Queue) -> Vec<Waiter> {
+    let n = queue.waiting.len().min(MAX_BATCH);
+    queue.waiting.drain(..n).collect()
+}
+
+fn fail_all(batch: Vec<Waiter>, why: &Failed) {
+    for waiter in batch {
+        let _ = waiter.answer.send(Err(why.clone()));
+    }
+}
