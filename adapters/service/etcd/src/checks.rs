@@ -6,8 +6,8 @@
 //! only renewals already queued, then sends its transaction. So each renewal's key is
 //! read by a linearizable transaction sent after its own keep-alive was answered —
 //! the same evidence as a read of its own, for a fraction of etcd's work when many
-//! leases renew at once. A lone renewal is sent at once, alone: nothing waits for
-//! company.
+//! leases renew at once. A renewal that finds no read in flight reads its own key at
+//! once (a plain read): nothing waits for company, and a lone lease pays no batching.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -58,27 +58,46 @@ impl Checks {
     }
 }
 
-/// A running batch task's place in `in_flight`. The task gives it back itself, in the
-/// same critical section that finds the queue empty (so a renewal queued just then
-/// sees no batch in flight and sends its own); if the task is dropped instead (the
-/// runtime shutting down), dropping this gives it back.
+/// A place in `in_flight`, held by whatever runs a read: a lone renewal reading its own
+/// key, or a batch task. Dropping it (the read done, failed, or dropped half-way) hands
+/// the place to the renewals queued meanwhile — a new batch task takes them — or gives
+/// it back if none are, in one critical section: a renewal never waits in the queue
+/// with no read in flight to take it.
 struct InFlight {
     service: EtcdLockService,
-    given_back: bool,
+    runtime: tokio::runtime::Handle,
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if !self.given_back {
+        let batch = {
             let mut queue = self.service.shared.checks.queue();
-            queue.in_flight = queue.in_flight.saturating_sub(1);
-        }
+            if queue.waiting.is_empty() {
+                queue.in_flight = queue.in_flight.saturating_sub(1);
+                return;
+            }
+            take_batch(&mut queue)
+        };
+        let place = InFlight {
+            service: self.service.clone(),
+            runtime: self.runtime.clone(),
+        };
+        self.runtime.spawn(run_batch(place, batch));
     }
+}
+
+/// What a renewal does for its read, decided under the queue's lock.
+enum Step {
+    /// Nothing in flight, nobody waiting: read its own key at once.
+    Alone,
+    /// Queued; with a batch to send if the queue filled one (or nothing was in flight).
+    Queued(Option<Vec<Waiter>>),
 }
 
 impl EtcdLockService {
     /// Reads `key` for the ownership check of a renewal whose keep-alive was answered:
-    /// in the next batch (see the module doc), bounded by the request timeout.
+    /// at once if no read is in flight, else in the next batch (see the module doc);
+    /// bounded by the request timeout.
     pub(crate) async fn read_after_keep_alive(
         &self,
         key: &str,
@@ -88,21 +107,42 @@ impl EtcdLockService {
             return Ok(self.get(Op::Check, key).await?.0.kvs.into_iter().next());
         };
         let (answer, answered) = oneshot::channel();
-        let batch = {
+        let step = {
             let mut queue = self.shared.checks.queue();
-            queue.waiting.push(Waiter {
-                key: Box::from(key),
-                answer,
-            });
-            if queue.in_flight == 0 || queue.waiting.len() >= MAX_BATCH {
+            if queue.in_flight == 0 && queue.waiting.is_empty() {
                 queue.in_flight += 1;
-                Some(take_batch(&mut queue))
+                Step::Alone
             } else {
-                None
+                queue.waiting.push(Waiter {
+                    key: Box::from(key),
+                    answer,
+                });
+                if queue.in_flight == 0 || queue.waiting.len() >= MAX_BATCH {
+                    queue.in_flight += 1;
+                    Step::Queued(Some(take_batch(&mut queue)))
+                } else {
+                    Step::Queued(None)
+                }
             }
         };
-        if let Some(batch) = batch {
-            runtime.spawn(self.clone().run_batches(batch));
+        let place = || InFlight {
+            service: self.clone(),
+            runtime: runtime.clone(),
+        };
+        match step {
+            Step::Alone => {
+                let place = place();
+                let read = self.get(Op::Check, key).await;
+                // The queue meanwhile goes to a batch task (even if this renewal is
+                // dropped during the read).
+                drop(place);
+                return Ok(read?.0.kvs.into_iter().next());
+            }
+            Step::Queued(Some(batch)) => {
+                runtime.spawn(run_batch(place(), batch));
+            }
+            // The read in flight takes this renewal when it ends.
+            Step::Queued(None) => {}
         }
         let after = self.request_timeout;
         let endpoints = &self.shared.endpoints;
@@ -119,24 +159,6 @@ impl EtcdLockService {
             Ok(Err(_)) => Err(self
                 .error(Op::Check, ErrorKind::Service, key)
                 .because("the batched read was dropped before it answered")),
-        }
-    }
-
-    /// Runs `batch`, then every batch queued meanwhile, until the queue is empty.
-    async fn run_batches(self, mut batch: Vec<Waiter>) {
-        let mut place = InFlight {
-            service: self.clone(),
-            given_back: false,
-        };
-        loop {
-            self.run_batch(batch).await;
-            let mut queue = self.shared.checks.queue();
-            if queue.waiting.is_empty() {
-                queue.in_flight = queue.in_flight.saturating_sub(1);
-                place.given_back = true;
-                return;
-            }
-            batch = take_batch(&mut queue);
         }
     }
 
@@ -178,6 +200,11 @@ impl EtcdLockService {
             let _ = waiter.answer.send(answer);
         }
     }
+}
+
+/// Runs one batch holding `place`; dropping it at the end hands over to the next.
+async fn run_batch(place: InFlight, batch: Vec<Waiter>) {
+    place.service.run_batch(batch).await;
 }
 
 fn take_batch(queue: &mut Queue) -> Vec<Waiter> {
