@@ -12,11 +12,11 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use etcd_client::proto::{PbKeyValue, PbTxnOpResponse};
-use etcd_client::{Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use tokio::sync::oneshot;
 
 use crate::error::{ErrorKind, EtcdLockError, Op};
-use crate::service::EtcdLockService;
+use crate::service::{EtcdLockService, Held};
 
 /// At most this many reads in one transaction: etcd's default `--max-txn-ops`.
 const MAX_BATCH: usize = 128;
@@ -86,6 +86,15 @@ impl Drop for InFlight {
     }
 }
 
+/// What the ownership read of a renewal found.
+pub(crate) enum Read {
+    /// The key is as created for the grant: never written since (create and mod
+    /// revision both the grant's), on the grant's lease.
+    Unchanged,
+    /// The key as read (`None`: no such key), for the caller to judge.
+    Key(Option<PbKeyValue>),
+}
+
 /// What a renewal does for its read, decided under the queue's lock.
 enum Step {
     /// Nothing in flight, nobody waiting: read its own key at once.
@@ -101,10 +110,11 @@ impl EtcdLockService {
     pub(crate) async fn read_after_keep_alive(
         &self,
         key: &str,
-    ) -> Result<Option<PbKeyValue>, EtcdLockError> {
+        held: Held,
+    ) -> Result<Read, EtcdLockError> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // No runtime to run a batch on: a read of its own.
-            return Ok(self.get(Op::Check, key).await?.0.kvs.into_iter().next());
+            return self.read_unless_unchanged(key, held).await;
         };
         let (answer, answered) = oneshot::channel();
         let step = {
@@ -132,11 +142,11 @@ impl EtcdLockService {
         match step {
             Step::Alone => {
                 let place = place();
-                let read = self.get(Op::Check, key).await;
+                let read = self.read_unless_unchanged(key, held).await;
                 // The queue meanwhile goes to a batch task (even if this renewal is
                 // dropped during the read).
                 drop(place);
-                return Ok(read?.0.kvs.into_iter().next());
+                return read;
             }
             Step::Queued(Some(batch)) => {
                 runtime.spawn(run_batch(place(), batch));
@@ -147,7 +157,7 @@ impl EtcdLockService {
         let after = self.request_timeout;
         let endpoints = &self.shared.endpoints;
         match tokio::time::timeout(after, answered).await {
-            Ok(Ok(Ok(kv))) => Ok(kv),
+            Ok(Ok(Ok(kv))) => Ok(Read::Key(kv)),
             Ok(Ok(Err(Failed::Client(err)))) => {
                 Err(EtcdLockError::from_shared_client(Op::Check, endpoints, err).for_key(key))
             }
@@ -160,6 +170,28 @@ impl EtcdLockService {
                 .error(Op::Check, ErrorKind::Service, key)
                 .because("the batched read was dropped before it answered")),
         }
+    }
+
+    /// A renewal's read of its own: one transaction comparing the key with the grant
+    /// as created (create and mod revision both `held.revision`, lease `held.lease`),
+    /// reading it only if it differs. Unchanged since creation means the value is the
+    /// one the grant was made (or adopted) with: an adopted grant whose key was written
+    /// after its creation never compares equal, and is judged from the read.
+    async fn read_unless_unchanged(&self, key: &str, held: Held) -> Result<Read, EtcdLockError> {
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key, CompareOp::Equal, held.revision),
+                Compare::mod_revision(key, CompareOp::Equal, held.revision),
+                Compare::lease(key, CompareOp::Equal, held.lease),
+            ])
+            .or_else([TxnOp::get(key, None)]);
+        let answer = self.txn(Op::Check, key, txn).await?.0;
+        if answer.succeeded {
+            return Ok(Read::Unchanged);
+        }
+        Ok(Read::Key(
+            self.range_kv(Op::Check, key, &answer, 0)?.cloned(),
+        ))
     }
 
     /// One transaction reading every key of `batch`; each waiter gets its key's answer.

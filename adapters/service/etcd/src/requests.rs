@@ -4,6 +4,7 @@ use etcd_client::proto::{PbKeyValue, PbTxnOpResponse, PbTxnResponse};
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
 use leasehold::{Duration, Fence, Holder, Identity, OwnerToken};
 
+use crate::checks::Read;
 use crate::error::{ErrorKind, EtcdLockError, Op};
 use crate::service::{
     ttl_secs, Acquired, EtcdLockService, Held, NotHeld, Released, Renewed, Revoked,
@@ -303,7 +304,10 @@ impl EtcdLockService {
             self.forget(key, token);
             return Ok(Renewed::NotOwner(NotHeld::LeaseGone));
         };
-        let read = self.read_after_keep_alive(key).await?;
+        let read = match self.read_after_keep_alive(key, held).await? {
+            Read::Unchanged => return Ok(Renewed::Extended { ttl }),
+            Read::Key(kv) => kv,
+        };
         let why = match read.as_ref().map(found) {
             None => NotHeld::KeyGone,
             Some(Found::Grant(stored, now)) if stored.is(&token.encode()) && now == held => {
@@ -558,7 +562,7 @@ impl EtcdLockService {
     }
 
     /// The `n`th response of a transaction, as the key it read (`None`: no such key).
-    fn range_kv<'a>(
+    pub(crate) fn range_kv<'a>(
         &self,
         op: Op,
         key: &str,
