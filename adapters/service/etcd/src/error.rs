@@ -115,6 +115,23 @@ impl fmt::Display for Cause {
 
 impl StdError for Cause {}
 
+/// A client error shared by the requests of one batch: shown as itself, its causes
+/// after it.
+#[derive(Debug)]
+struct SharedCause(Arc<etcd_client::Error>);
+
+impl fmt::Display for SharedCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl StdError for SharedCause {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.0.source()
+    }
+}
+
 impl EtcdLockError {
     /// An error of `kind` for `op` on the etcd at `endpoints`, without a cause yet.
     pub(crate) fn new(op: Op, kind: ErrorKind, endpoints: &Arc<str>) -> EtcdLockError {
@@ -156,6 +173,16 @@ impl EtcdLockError {
     /// trouble; the client error becomes the source.
     pub(crate) fn from_client(op: Op, endpoints: &Arc<str>, err: etcd_client::Error) -> Self {
         EtcdLockError::new(op, classify(&err), endpoints).caused_by(err)
+    }
+
+    /// As [`from_client`](Self::from_client), for a client error that several
+    /// requests share (one batched read answered for all of them).
+    pub(crate) fn from_shared_client(
+        op: Op,
+        endpoints: &Arc<str>,
+        err: Arc<etcd_client::Error>,
+    ) -> Self {
+        EtcdLockError::new(op, classify(&err), endpoints).caused_by(SharedCause(err))
     }
 
     /// The request that failed.

@@ -2,7 +2,9 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod checks;
 mod error;
+mod keep_alive;
 mod lock_service;
 mod requests;
 mod service;

@@ -4,6 +4,7 @@ use etcd_client::proto::{PbKeyValue, PbTxnOpResponse, PbTxnResponse};
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
 use leasehold::{Duration, Fence, Holder, Identity, OwnerToken};
 
+use crate::checks::Read;
 use crate::error::{ErrorKind, EtcdLockError, Op};
 use crate::service::{
     ttl_secs, Acquired, EtcdLockService, Held, NotHeld, Released, Renewed, Revoked,
@@ -303,8 +304,11 @@ impl EtcdLockService {
             self.forget(key, token);
             return Ok(Renewed::NotOwner(NotHeld::LeaseGone));
         };
-        let answer = self.get(Op::Check, key).await?.0;
-        let why = match answer.kvs.first().map(found) {
+        let read = match self.read_after_keep_alive(key, held).await? {
+            Read::Unchanged => return Ok(Renewed::Extended { ttl }),
+            Read::Key(kv) => kv,
+        };
+        let why = match read.as_ref().map(found) {
             None => NotHeld::KeyGone,
             Some(Found::Grant(stored, now)) if stored.is(&token.encode()) && now == held => {
                 return Ok(Renewed::Extended { ttl });
@@ -322,24 +326,13 @@ impl EtcdLockService {
         Ok(Renewed::NotOwner(why))
     }
 
-    /// One keep-alive exchange on a fresh stream: `Some(ttl)` if etcd extended the
-    /// lease (the TTL it applied: the lease's granted TTL), `None` if it has no such
-    /// lease.
-    ///
-    /// A fresh stream per renewal gives one request one answer: on a long-lived stream
-    /// the answer to a renewal abandoned by a timeout could be read as the answer to
-    /// the next one, whose deadline counts from a later send time.
-    ///
-    /// etcd-client's `keep_alive` sends the first keep-alive and checks its answer
-    /// (TTL 0 → "lease not found") but does not hand its TTL over, so a second
-    /// keep-alive goes on the same stream and its answer is the one reported: a
-    /// renewal, too, sent after the caller's send time.
+    /// One keep-alive of `lease` on its persistent stream (see `keep_alive.rs`):
+    /// `Some(ttl)` if etcd extended the lease (the TTL it applied: the lease's granted
+    /// TTL), `None` if it has no such lease. The answer is to a keep-alive sent after
+    /// this call began, and the whole exchange is bounded by the request timeout.
     async fn keep_alive(&self, key: &str, lease: i64) -> Result<Option<Duration>, EtcdLockError> {
-        let exchange = |mut c: Client| async move {
-            let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
-            keeper.keep_alive().await?;
-            stream.message().await
-        };
+        let streams = &self.shared.keep_alives;
+        let exchange = |c: Client| streams.keep_alive(c, lease);
         match self.timed(Op::KeepAlive, key, exchange).await? {
             Ok(Some(answer)) if answer.ttl() > 0 => {
                 if answer.id() != lease {
@@ -569,7 +562,7 @@ impl EtcdLockService {
     }
 
     /// The `n`th response of a transaction, as the key it read (`None`: no such key).
-    fn range_kv<'a>(
+    pub(crate) fn range_kv<'a>(
         &self,
         op: Op,
         key: &str,

@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use etcd_client::{Client, ConnectOptions, GetOptions, Txn};
 use leasehold::{Duration, Fence, Holder, OwnerToken};
 
+use crate::checks::Checks;
 use crate::error::{ErrorKind, EtcdLockError, Op};
+use crate::keep_alive::KeepAlives;
 
 /// etcd's largest lease TTL (`MaxLeaseTTL`), in seconds.
 pub const MAX_TTL_SECS: i64 = 9_000_000_000;
@@ -35,6 +37,11 @@ pub(crate) struct Shared {
     /// The etcd lease behind each grant this service made, by key and token: the
     /// trait passes only key and token, etcd needs the lease id.
     held: Mutex<HashMap<(Box<str>, OwnerToken), Held>>,
+    /// A persistent keep-alive stream per lease renewed, closed when its grant is
+    /// forgotten.
+    pub(crate) keep_alives: KeepAlives,
+    /// Renewals waiting for their ownership read, batched.
+    pub(crate) checks: Checks,
 }
 
 /// One grant as etcd holds it.
@@ -52,6 +59,7 @@ impl std::fmt::Debug for EtcdLockService {
             .field("endpoints", &self.shared.endpoints)
             .field("request_timeout", &self.request_timeout)
             .field("grants", &self.grants())
+            .field("keep_alive_streams", &self.keep_alive_streams())
             .finish_non_exhaustive()
     }
 }
@@ -299,6 +307,8 @@ impl EtcdLockService {
                 client,
                 endpoints,
                 held: Mutex::new(HashMap::new()),
+                keep_alives: KeepAlives::default(),
+                checks: Checks::default(),
             }),
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             watch_retry: std::time::Duration::from_millis(100),
@@ -353,15 +363,31 @@ impl EtcdLockService {
         self.table().get(&(Box::from(key), token)).copied()
     }
 
-    /// Records a grant; an older lease for the same key and token is returned.
-    pub(crate) fn remember(&self, key: &str, token: OwnerToken, held: Held) -> Option<Held> {
-        self.table()
-            .insert((Box::from(key), token), held)
-            .filter(|old| old.lease != held.lease)
+    /// How many leases have a keep-alive stream open (or an exchange under way).
+    pub fn keep_alive_streams(&self) -> usize {
+        self.shared.keep_alives.len()
     }
 
+    /// Records a grant; an older lease for the same key and token is returned (its
+    /// keep-alive stream closed).
+    pub(crate) fn remember(&self, key: &str, token: OwnerToken, held: Held) -> Option<Held> {
+        let old = self
+            .table()
+            .insert((Box::from(key), token), held)
+            .filter(|old| old.lease != held.lease);
+        if let Some(old) = old {
+            self.shared.keep_alives.close(old.lease);
+        }
+        old
+    }
+
+    /// Forgets a grant and closes its lease's keep-alive stream.
     pub(crate) fn forget(&self, key: &str, token: OwnerToken) -> Option<Held> {
-        self.table().remove(&(Box::from(key), token))
+        let held = self.table().remove(&(Box::from(key), token));
+        if let Some(held) = held {
+            self.shared.keep_alives.close(held.lease);
+        }
+        held
     }
 
     /// An error of `kind` for `op` on `key`, at this service's endpoints.

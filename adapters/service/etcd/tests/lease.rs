@@ -295,7 +295,12 @@ async fn three_members_leader_killed_while_holding() {
         .expect("A's lease survives the leader change");
     eprintln!("A renewed {:?} after the kill", renewed - killed);
     assert_eq!(a.check(), Ok(a.granted_fence()));
-    assert_busy_with(contend(&service, "orders").await, a.granted_fence());
+    // The contender is a client of the surviving members: one whose endpoint list
+    // still has the killed member can spend its whole wait bound on a request to it
+    // (and then, rightly, report the service unavailable rather than busy).
+    let survivors = (0..cluster.size()).filter(|&i| i != leader);
+    let contender = service_on(survivors.map(|i| cluster.endpoint(i)).collect()).await;
+    assert_busy_with(contend(&contender, "orders").await, a.granted_fence());
 
     // The crashed holder's lease expires; a contender then gets the key.
     let b = within(

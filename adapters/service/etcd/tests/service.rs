@@ -8,8 +8,9 @@ use std::io::{Read, Write};
 use std::net::TcpListener;
 
 use common::{
-    binary, binary_in, client, counter, free_port, identity, leases, ms, scratch_dir, service,
-    service_on, std_ms, token, value, wait_for, within, EtcdCluster, Timing,
+    binary, binary_in, client, counter, free_port, identity, leases, ms, proxy_endpoint,
+    scratch_dir, service, service_on, std_ms, token, value, wait_for, within, EtcdCluster, Proxy,
+    Timing,
 };
 use leasehold::{
     AcquireOutcome, Duration, Fence, Holder, HolderOutcome, Identity, Indeterminate, OwnerToken,
@@ -1101,4 +1102,160 @@ fn a_missing_etcd_binary_fails_naming_the_debian_package() {
     assert!(message.contains("etcd-server"), "{message}");
     // And the real lookup finds it on this machine.
     assert!(binary("etcd", "etcd-server").is_ok_and(|path| path.is_file()));
+}
+
+/// etcd's count of `LeaseKeepAlive` streams started, and of keep-alives received.
+fn keep_alive_counts(cluster: &EtcdCluster) -> (u64, u64) {
+    const LABELS: &str = r#"{grpc_method="LeaseKeepAlive",grpc_service="etcdserverpb.Lease",grpc_type="bidi_stream"}"#;
+    let port = cluster.client_port(0);
+    (
+        counter(port, &format!("grpc_server_started_total{LABELS}")),
+        counter(port, &format!("grpc_server_msg_received_total{LABELS}")),
+    )
+}
+
+/// Renewals of one lease share one keep-alive stream: five renewals open one stream
+/// and send six keep-alives (etcd-client's first one when the stream opens, then one
+/// per renewal), each answering the granted TTL. Two leases have two streams; a
+/// release closes its lease's stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_share_one_keep_alive_stream_per_lease() {
+    let cluster = EtcdCluster::single();
+    let service = service(&cluster).await;
+    let a = token();
+    let (fence, ttl, _) = granted(&service, "k", a, ms(2_000)).await;
+    let (started, received) = keep_alive_counts(&cluster);
+    for _ in 0..5 {
+        assert_eq!(
+            service.try_renew("k", a, fence).await.unwrap(),
+            Renewed::Extended { ttl }
+        );
+    }
+    assert_eq!(
+        keep_alive_counts(&cluster),
+        (started + 1, received + 6),
+        "one stream, one keep-alive per renewal after the first"
+    );
+    assert_eq!(service.keep_alive_streams(), 1);
+
+    let b = token();
+    let (b_fence, _, _) = granted(&service, "k2", b, ms(2_000)).await;
+    assert!(matches!(
+        service.try_renew("k2", b, b_fence).await.unwrap(),
+        Renewed::Extended { .. }
+    ));
+    assert_eq!(service.keep_alive_streams(), 2);
+    assert_eq!(keep_alive_counts(&cluster).0, started + 2);
+
+    assert_eq!(
+        service.try_release("k", a).await.unwrap(),
+        Released::Deleted
+    );
+    assert_eq!(service.keep_alive_streams(), 1);
+    assert_eq!(
+        service.try_release("k2", b).await.unwrap(),
+        Released::Deleted
+    );
+    assert_eq!(service.keep_alive_streams(), 0);
+}
+
+/// A renewal that times out takes its stream with it: the late answer to its
+/// keep-alive (held by a stalled network, then delivered) is never read as the answer
+/// to the next renewal, which opens a stream of its own. A stream broken under an idle
+/// lease (the connection cut) is replaced within the next renewal, which succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_renewal_never_leaves_its_stream_to_the_next() {
+    let cluster = EtcdCluster::single();
+    let proxy = Proxy::start(cluster.client_port(0)).await;
+    let service = service_on(vec![proxy_endpoint(&proxy)])
+        .await
+        .with_request_timeout(std_ms(300));
+    let a = token();
+    let (fence, ttl, _) = granted(&service, "k", a, ms(5_000)).await;
+    let (started, _) = keep_alive_counts(&cluster);
+    assert_eq!(
+        service.try_renew("k", a, fence).await.unwrap(),
+        Renewed::Extended { ttl }
+    );
+    assert_eq!(keep_alive_counts(&cluster).0, started + 1);
+
+    proxy.stall();
+    let err = service.try_renew("k", a, fence).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout(Some(std_ms(300))), "{err}");
+    proxy.resume();
+    assert_eq!(
+        service.try_renew("k", a, fence).await.unwrap(),
+        Renewed::Extended { ttl }
+    );
+    assert_eq!(
+        keep_alive_counts(&cluster).0,
+        started + 2,
+        "the renewal after the timeout opened a new stream"
+    );
+
+    proxy.cut();
+    assert_eq!(
+        service.try_renew("k", a, fence).await.unwrap(),
+        Renewed::Extended { ttl }
+    );
+    assert_eq!(keep_alive_counts(&cluster).0, started + 3);
+}
+
+/// etcd's count of unary KV calls of `method` (`Range`, `Txn`) started.
+fn kv_calls(cluster: &EtcdCluster, method: &str) -> u64 {
+    let name = format!(
+        r#"grpc_server_started_total{{grpc_method="{method}",grpc_service="etcdserverpb.KV",grpc_type="unary"}}"#
+    );
+    counter(cluster.client_port(0), &name)
+}
+
+/// Concurrent renewals share their ownership reads: ten renewals at once make at most
+/// ten transactions and no plain read (a renewal that finds no read in flight sends its
+/// own compare-or-read transaction, the others queue for a transaction of reads), and
+/// each answer is its own key's — three keys deleted from outside are
+/// `NotOwner(KeyGone)`, the seven others extended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_renewals_share_their_ownership_reads() {
+    let cluster = EtcdCluster::single();
+    let service = service(&cluster).await;
+    let mut outside = client(&cluster).await;
+    let a = token();
+    let mut grants = Vec::new();
+    for i in 0..10 {
+        let key = format!("batch/{i}");
+        let (fence, ttl, _) = granted(&service, &key, a, ms(5_000)).await;
+        grants.push((key, fence, ttl));
+    }
+    for (key, _, _) in &grants[..3] {
+        outside.delete(key.as_str(), None).await.unwrap();
+    }
+    let (ranges, txns) = (kv_calls(&cluster, "Range"), kv_calls(&cluster, "Txn"));
+    let renewals = grants.iter().map(|(key, fence, _)| {
+        let service = service.clone();
+        let (key, fence) = (key.clone(), *fence);
+        tokio::spawn(async move { service.try_renew(&key, a, fence).await })
+    });
+    let renewals: Vec<_> = renewals.collect();
+    for (i, renewal) in renewals.into_iter().enumerate() {
+        let answer = within(5_000, renewal).await.unwrap().unwrap();
+        if i < 3 {
+            assert_eq!(
+                answer,
+                Renewed::NotOwner(NotHeld::KeyGone),
+                "{}",
+                grants[i].0
+            );
+        } else {
+            assert_eq!(
+                answer,
+                Renewed::Extended { ttl: grants[i].2 },
+                "{}",
+                grants[i].0
+            );
+        }
+    }
+    assert_eq!(kv_calls(&cluster, "Range"), ranges, "no plain read");
+    let reads = kv_calls(&cluster, "Txn") - txns;
+    assert!((1..=10).contains(&reads), "{reads} transactions");
+    eprintln!("10 concurrent renewals: {reads} transactions");
 }
