@@ -30,7 +30,6 @@ stage setup bash scripts/setup.sh
 stage fmt cargo fmt --all --check
 stage clippy cargo clippy --workspace --all-targets --locked -- -D warnings
 stage tests cargo test --workspace --locked
-stage bench-smoke-etcd bash scripts/bench-smoke-etcd.sh
 stage tokio-metrics bash -c "cargo clippy -q -p leasehold-tokio --all-targets --all-features --locked -- -D warnings && cargo test -q -p leasehold-tokio --all-features --locked"
 stage storage bash -c "cargo clippy -q -p leasehold-storage --all-targets --all-features --locked -- -D warnings && cargo test -p leasehold-storage --all-features --locked"
 stage bench-smoke bash scripts/bench-smoke.sh
