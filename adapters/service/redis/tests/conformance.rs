@@ -16,8 +16,7 @@ async fn redis_keeps_the_contract() {
         .connect()
         .await
         .expect("connect to the test redis-server");
-    // Millisecond TTLs (PX / PEXPIRE), expired by Redis on access: the defaults of
-    // `Capabilities::new`. 300 ms leaves the "still held halfway" checks room for a
-    // loaded machine (see the conformance README).
-    run_all(&service, &Capabilities::new(Duration::from_millis(300))).await;
+    // 300 ms leaves the "still held halfway" checks room for a loaded machine (see the
+    // conformance README).
+    run_all(&service, &Capabilities::redis(Duration::from_millis(300))).await;
 }

@@ -64,7 +64,7 @@ async fn granted(s: &Service<'_>, key: &str, token: OwnerToken) -> Fence {
 async fn conformance() {
     let server = RedisServer::start();
     let s = service(server.port());
-    run_all(&s, &Capabilities::new(Duration::from_millis(300))).await;
+    run_all(&s, &Capabilities::redis(Duration::from_millis(300))).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -80,7 +80,7 @@ async fn conformance_with_auth_and_the_smallest_buffers_that_fit() {
             user: None,
             password: "s3cret",
         });
-    run_all(&s, &Capabilities::new(Duration::from_millis(300))).await;
+    run_all(&s, &Capabilities::redis(Duration::from_millis(300))).await;
 }
 
 #[tokio::test(flavor = "current_thread")]

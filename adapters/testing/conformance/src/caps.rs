@@ -32,8 +32,9 @@ pub struct Capabilities {
     /// TTLs the service applies are multiples of this (Redis: 1 ms; etcd: 1 s).
     pub granularity: Duration,
     /// How long after a key's expiry the service may still report it held: its own
-    /// expiry lag (etcd revokes expired leases on a 500 ms tick, through raft). Zero
-    /// for a service that expires on access (Redis) or on a virtual clock.
+    /// expiry lag (etcd revokes expired leases on a 500 ms tick, through raft; Redis
+    /// keeps a key through the millisecond its expiry falls in, see
+    /// [`Capabilities::redis`]). Zero on a virtual clock.
     pub expiry_slack: Duration,
     /// Every call must answer within this; a call that does not breaks the clause
     /// ("no call may wait forever"). On tokio's paused clock this costs no real time.
@@ -56,6 +57,18 @@ impl Capabilities {
             request_timeout: Duration::from_secs(5),
             revocation_watch: false,
         }
+    }
+
+    /// Redis (`PX`/`PEXPIRE` in milliseconds, expired on access): as [`new`](Self::new)
+    /// with 1 ms of expiry slack. Redis counts a key expired only once its millisecond
+    /// clock is *past* the expiry, so a request handled in the expiry's own millisecond
+    /// still finds the key (`PTTL` 0). That is the safe side for a lease (contenders
+    /// wait a little longer, never less), but a clause that waits exactly the TTL can
+    /// land in that millisecond.
+    pub const fn redis(ttl: Duration) -> Capabilities {
+        let mut caps = Capabilities::new(ttl);
+        caps.expiry_slack = Duration::from_millis(1);
+        caps
     }
 
     /// Whether the fields fit together; the reason if not.
