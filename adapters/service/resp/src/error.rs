@@ -72,7 +72,9 @@ impl ServerError {
     /// The error code Redis sent: `WRONGTYPE`, `NOAUTH`, `LOADING`…
     pub fn code(&self) -> &str {
         let bytes = self.code.get(..usize::from(self.len)).unwrap_or(&[]);
-        core::str::from_utf8(bytes).unwrap_or("")
+        // ASCII by construction (see `from_line`): one valid chunk. `utf8_chunks` is
+        // the validation the core links already, smaller than `str::from_utf8`.
+        bytes.utf8_chunks().next().map_or("", |chunk| chunk.valid())
     }
 
     /// The final refusal this code is, if it is one (the same sorting as
