@@ -80,12 +80,20 @@ impl ServerError {
     /// The final refusal this code is, if it is one (the same sorting as
     /// `leasehold-redis`).
     pub fn refusal(&self) -> Option<Refusal> {
-        match self.code() {
-            "NOAUTH" | "WRONGPASS" | "NOPERM" => Some(Refusal::Unauthorized),
-            "WRONGTYPE" | "LEASEHOLD" => Some(Refusal::WrongType),
-            "LEASEHOLD_EXHAUSTED" => Some(Refusal::Unsupported),
-            _ => None,
-        }
+        const FINAL: [(&str, Refusal); 6] = [
+            ("NOAUTH", Refusal::Unauthorized),
+            ("WRONGPASS", Refusal::Unauthorized),
+            ("NOPERM", Refusal::Unauthorized),
+            ("WRONGTYPE", Refusal::WrongType),
+            ("LEASEHOLD", Refusal::WrongType),
+            ("LEASEHOLD_EXHAUSTED", Refusal::Unsupported),
+        ];
+        // Compared with `resp::same`, not `match` on `&str` (which links `memcmp`).
+        let code = self.code().as_bytes();
+        FINAL
+            .iter()
+            .find(|(name, _)| crate::resp::same(code, name.as_bytes()))
+            .map(|&(_, refusal)| refusal)
     }
 }
 

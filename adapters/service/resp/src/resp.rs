@@ -173,6 +173,12 @@ pub(crate) fn fence_digits(text: &[u8]) -> Option<u64> {
     })
 }
 
+/// `a == b`, byte by byte: the texts compared are short, and `==` on slices links
+/// `memcmp` (over 100 bytes of flash on a microcontroller).
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
+}
+
 /// Reads until `buf` starts with one whole reply, and returns its length. The reply
 /// must be all there is: bytes after it (an answer to nothing) are a protocol error.
 pub(crate) async fn read_reply<C: Read>(conn: &mut C, buf: &mut [u8]) -> Result<usize, Error> {

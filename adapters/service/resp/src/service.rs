@@ -465,7 +465,7 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
                 (Step::Load, Reply::Scalar(Scalar::Bulk(Some(answer)))) => {
                     if request
                         .script()
-                        .map_or(true, |(_, sha)| answer != sha.as_bytes())
+                        .map_or(true, |(_, sha)| !resp::same(answer, sha.as_bytes()))
                     {
                         return Err(Error::Protocol(ProtocolError::WrongSha));
                     }
@@ -475,7 +475,11 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
                     return Err(Error::Protocol(ProtocolError::Unexpected))
                 }
                 (_, Reply::Error(line))
-                    if !reloaded && ServerError::from_line(line).code() == "NOSCRIPT" =>
+                    if !reloaded
+                        && resp::same(
+                            ServerError::from_line(line).code().as_bytes(),
+                            b"NOSCRIPT",
+                        ) =>
                 {
                     // Redis forgot the script (a restart, SCRIPT FLUSH, a failover):
                     // load it and ask again, once.
