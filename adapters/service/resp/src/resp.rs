@@ -209,9 +209,14 @@ pub(crate) async fn read_reply<C: Read>(conn: &mut C, buf: &mut [u8]) -> Result<
 pub(crate) fn div_rem(n: u64, d: NonZeroU16) -> (u64, u64) {
     let d = NonZeroU32::from(d);
     let (mut quotient, mut rest) = (0u64, 0u32);
-    for shift in [48, 32, 16, 0] {
+    // The limbs from the bytes, high first: no 64-bit shift by a variable amount
+    // (a compiler routine of its own on a 32-bit microcontroller).
+    for limb in n.to_be_bytes().chunks_exact(2) {
+        let limb = limb
+            .iter()
+            .fold(0u32, |limb, &b| (limb << 8) | u32::from(b));
         // `rest < d < 2^16`, so this fits in 32 bits.
-        let part = (rest << 16) | ((n >> shift) as u32 & 0xffff);
+        let part = (rest << 16) | limb;
         quotient = (quotient << 16) | u64::from(part / d);
         rest = part % d;
     }
