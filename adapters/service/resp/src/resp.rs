@@ -243,12 +243,6 @@ fn decimal(mut n: u64, buf: &mut [u8; 20]) -> usize {
     at
 }
 
-/// How many decimal digits `n` has.
-pub(crate) fn decimal_len(n: u64) -> usize {
-    let mut digits = [0u8; 20];
-    digits.len() - decimal(n, &mut digits)
-}
-
 /// `Write::write_all` without its panic paths (an over-long count is taken as all
 /// written; no write at all is an error).
 async fn write_all<C: Write>(conn: &mut C, mut bytes: &[u8]) -> Result<(), Error> {
@@ -308,6 +302,11 @@ impl<'b> Window<'b> {
     /// How many bytes the window holds.
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+
+    /// How many bytes of the request were put so far, kept or not.
+    pub(crate) fn written(&self) -> usize {
+        self.at
     }
 }
 
@@ -480,7 +479,6 @@ mod tests {
             let mut digits = [0u8; 20];
             let at = decimal(n, &mut digits);
             assert_eq!(&digits[at..], std::format!("{n}").as_bytes());
-            assert_eq!(decimal_len(n), std::format!("{n}").len());
         }
     }
 }
