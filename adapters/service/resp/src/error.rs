@@ -72,18 +72,28 @@ impl ServerError {
     /// The error code Redis sent: `WRONGTYPE`, `NOAUTH`, `LOADING`…
     pub fn code(&self) -> &str {
         let bytes = self.code.get(..usize::from(self.len)).unwrap_or(&[]);
-        core::str::from_utf8(bytes).unwrap_or("")
+        // ASCII by construction (see `from_line`): one valid chunk. `utf8_chunks` is
+        // the validation the core links already, smaller than `str::from_utf8`.
+        bytes.utf8_chunks().next().map_or("", |chunk| chunk.valid())
     }
 
     /// The final refusal this code is, if it is one (the same sorting as
     /// `leasehold-redis`).
     pub fn refusal(&self) -> Option<Refusal> {
-        match self.code() {
-            "NOAUTH" | "WRONGPASS" | "NOPERM" => Some(Refusal::Unauthorized),
-            "WRONGTYPE" | "LEASEHOLD" => Some(Refusal::WrongType),
-            "LEASEHOLD_EXHAUSTED" => Some(Refusal::Unsupported),
-            _ => None,
-        }
+        const FINAL: [(&str, Refusal); 6] = [
+            ("NOAUTH", Refusal::Unauthorized),
+            ("WRONGPASS", Refusal::Unauthorized),
+            ("NOPERM", Refusal::Unauthorized),
+            ("WRONGTYPE", Refusal::WrongType),
+            ("LEASEHOLD", Refusal::WrongType),
+            ("LEASEHOLD_EXHAUSTED", Refusal::Unsupported),
+        ];
+        // Compared with `resp::same`, not `match` on `&str` (which links `memcmp`).
+        let code = self.code().as_bytes();
+        FINAL
+            .iter()
+            .find(|(name, _)| crate::resp::same(code, name.as_bytes()))
+            .map(|&(_, refusal)| refusal)
     }
 }
 

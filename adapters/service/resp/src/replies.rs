@@ -75,15 +75,11 @@ fn fence(item: &Scalar<'_>) -> Result<Fence, Error> {
     }
 }
 
-/// The longest valid UTF-8 prefix of `bytes` (an identity is read back lossily).
+/// The longest valid UTF-8 prefix of `bytes` (an identity is read back lossily): the
+/// first chunk's valid part. `utf8_chunks` is the validation the core links already,
+/// smaller than `str::from_utf8`.
 fn utf8_prefix(bytes: &[u8]) -> &str {
-    match core::str::from_utf8(bytes) {
-        Ok(text) => text,
-        Err(e) => bytes
-            .get(..e.valid_up_to())
-            .and_then(|b| core::str::from_utf8(b).ok())
-            .unwrap_or(""),
-    }
+    bytes.utf8_chunks().next().map_or("", |chunk| chunk.valid())
 }
 
 #[cfg(test)]

@@ -173,6 +173,12 @@ pub(crate) fn fence_digits(text: &[u8]) -> Option<u64> {
     })
 }
 
+/// `a == b`, byte by byte: the texts compared are short, and `==` on slices links
+/// `memcmp` (over 100 bytes of flash on a microcontroller).
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
+}
+
 /// Reads until `buf` starts with one whole reply, and returns its length. The reply
 /// must be all there is: bytes after it (an answer to nothing) are a protocol error.
 pub(crate) async fn read_reply<C: Read>(conn: &mut C, buf: &mut [u8]) -> Result<usize, Error> {
@@ -203,9 +209,14 @@ pub(crate) async fn read_reply<C: Read>(conn: &mut C, buf: &mut [u8]) -> Result<
 pub(crate) fn div_rem(n: u64, d: NonZeroU16) -> (u64, u64) {
     let d = NonZeroU32::from(d);
     let (mut quotient, mut rest) = (0u64, 0u32);
-    for shift in [48, 32, 16, 0] {
+    // The limbs from the bytes, high first: no 64-bit shift by a variable amount
+    // (a compiler routine of its own on a 32-bit microcontroller).
+    for limb in n.to_be_bytes().chunks_exact(2) {
+        let limb = limb
+            .iter()
+            .fold(0u32, |limb, &b| (limb << 8) | u32::from(b));
         // `rest < d < 2^16`, so this fits in 32 bits.
-        let part = (rest << 16) | ((n >> shift) as u32 & 0xffff);
+        let part = (rest << 16) | limb;
         quotient = (quotient << 16) | u64::from(part / d);
         rest = part % d;
     }
@@ -230,12 +241,6 @@ fn decimal(mut n: u64, buf: &mut [u8; 20]) -> usize {
         }
     }
     at
-}
-
-/// How many decimal digits `n` has.
-pub(crate) fn decimal_len(n: u64) -> usize {
-    let mut digits = [0u8; 20];
-    digits.len() - decimal(n, &mut digits)
 }
 
 /// `Write::write_all` without its panic paths (an over-long count is taken as all
@@ -297,6 +302,11 @@ impl<'b> Window<'b> {
     /// How many bytes the window holds.
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+
+    /// How many bytes of the request were put so far, kept or not.
+    pub(crate) fn written(&self) -> usize {
+        self.at
     }
 }
 
@@ -469,7 +479,6 @@ mod tests {
             let mut digits = [0u8; 20];
             let at = decimal(n, &mut digits);
             assert_eq!(&digits[at..], std::format!("{n}").as_bytes());
-            assert_eq!(decimal_len(n), std::format!("{n}").len());
         }
     }
 }

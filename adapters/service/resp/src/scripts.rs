@@ -17,6 +17,11 @@
 //! Each script has its SHA1 next to it (the name `EVALSHA` calls it by), as hex: a
 //! test checks every one against the script's text, so a change of a script without
 //! its SHA fails the build's tests, never a request.
+//!
+//! The four scripts a lease sends ([`ACQUIRE`], [`RENEW`], [`RELEASE`], [`HOLDER`]) are
+//! written compactly (one statement a line, no indentation, one-letter locals): their
+//! text sits in a microcontroller's flash, kept there to load them again after
+//! `NOSCRIPT`.
 
 /// The Lua pattern of a lock value: captures token, fence and identity. A macro, so
 /// that the one pattern is spliced into each script's source at compile time.
@@ -37,36 +42,34 @@ macro_rules! lock_value_pattern {
 /// holds a value leasehold did not write), `LEASEHOLD_EXHAUSTED` (the counter is at
 /// 2^63 - 1, where `INCR` stops).
 pub const ACQUIRE: &str = concat!(
-    r"
-local value = redis.call('GET', KEYS[1])
-if value then
-  local token, fence, identity = string.match(value, ",
+    r"local v=redis.call('GET',KEYS[1])
+if v then
+local t,f,i=string.match(v,",
     lock_value_pattern!(),
     r")
-  if not token then
-    return redis.error_reply('LEASEHOLD the lock key holds a value leasehold did not write')
-  end
-  if token == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {2, fence}
-  end
-  return {0, fence, identity, redis.call('PTTL', KEYS[1])}
+if not t then
+return redis.error_reply('LEASEHOLD the lock key holds a value leasehold did not write')
 end
-local counter = redis.call('GET', KEYS[2])
-if counter then
-  if counter ~= '0' and not string.match(counter, '^[1-9]%d*$') then
-    return redis.error_reply('LEASEHOLD the fence counter is not a non-negative integer')
-  end
-  local len = string.len(counter)
-  if len > 19 or (len == 19 and counter >= '9223372036854775807') then
-    return redis.error_reply('LEASEHOLD_EXHAUSTED the fence counter is at 2^63-1, the most INCR can reach')
-  end
+if t==ARGV[1] then
+redis.call('PEXPIRE',KEYS[1],ARGV[2])
+return {2,f}
 end
-redis.call('INCR', KEYS[2])
-local fence = redis.call('GET', KEYS[2])
-redis.call('SET', KEYS[1], ARGV[1] .. '\n' .. fence .. '\n' .. ARGV[3], 'PX', ARGV[2])
-return {1, fence}
-"
+return {0,f,i,redis.call('PTTL',KEYS[1])}
+end
+local c=redis.call('GET',KEYS[2])
+if c then
+if c~='0' and not string.match(c,'^[1-9]%d*$') then
+return redis.error_reply('LEASEHOLD the fence counter is not a non-negative integer')
+end
+local n=#c
+if n>19 or (n==19 and c>='9223372036854775807') then
+return redis.error_reply('LEASEHOLD_EXHAUSTED the fence counter is at 2^63-1, the most INCR can reach')
+end
+end
+redis.call('INCR',KEYS[2])
+local f=redis.call('GET',KEYS[2])
+redis.call('SET',KEYS[1],ARGV[1]..'\n'..f..'\n'..ARGV[3],'PX',ARGV[2])
+return {1,f}"
 );
 
 /// `KEYS[1]` lock key; `ARGV[1]` `<token>\n<fence>\n` (the start of the value of the
@@ -76,43 +79,37 @@ return {1, fence}
 /// token, this fence), 0 otherwise: expired, deleted, taken, overwritten, or a newer
 /// grant to the same token (a late duplicate acquire after the key was deleted
 /// re-creates it with a new fence). Never creates the key.
-pub const RENEW: &str = r"
-local value = redis.call('GET', KEYS[1])
-if value and string.sub(value, 1, string.len(ARGV[1])) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
+pub const RENEW: &str = r"local v=redis.call('GET',KEYS[1])
+if v and string.sub(v,1,#ARGV[1])==ARGV[1] then
+redis.call('PEXPIRE',KEYS[1],ARGV[2])
+return 1
 end
-return 0
-";
+return 0";
 
 /// `KEYS[1]` lock key; `ARGV[1]` `<token>\n`. Answers 1 after `DEL` when the lock key
 /// is held by that token (whatever the fence), 0 otherwise.
-pub const RELEASE: &str = r"
-local value = redis.call('GET', KEYS[1])
-if value and string.sub(value, 1, string.len(ARGV[1])) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  return 1
+pub const RELEASE: &str = r"local v=redis.call('GET',KEYS[1])
+if v and string.sub(v,1,#ARGV[1])==ARGV[1] then
+redis.call('DEL',KEYS[1])
+return 1
 end
-return 0
-";
+return 0";
 
 /// `KEYS[1]` lock key. Answers `{0}` when free, `{1, fence, identity, pttl}` when
 /// held. Writes nothing. Error `LEASEHOLD` when the key holds a value leasehold did
 /// not write.
 pub const HOLDER: &str = concat!(
-    r"
-local value = redis.call('GET', KEYS[1])
-if not value then
-  return {0}
+    r"local v=redis.call('GET',KEYS[1])
+if not v then
+return {0}
 end
-local token, fence, identity = string.match(value, ",
+local t,f,i=string.match(v,",
     lock_value_pattern!(),
     r")
-if not token then
-  return redis.error_reply('LEASEHOLD the lock key holds a value leasehold did not write')
+if not t then
+return redis.error_reply('LEASEHOLD the lock key holds a value leasehold did not write')
 end
-return {1, fence, identity, redis.call('PTTL', KEYS[1])}
-"
+return {1,f,i,redis.call('PTTL',KEYS[1])}"
 );
 
 /// `KEYS[1]` fence counter; `ARGV[1]` a decimal minimum (no leading zeros). Raises the
@@ -172,13 +169,13 @@ return {1, presented}
 pub const LOCK_VALUE_PATTERN: &str = lock_value_pattern!();
 
 /// SHA1 of [`ACQUIRE`], lowercase hex: what `EVALSHA` names it by.
-pub const ACQUIRE_SHA: &str = "7f8e3648f17e26018848d5b0511a1d19635d8f51";
+pub const ACQUIRE_SHA: &str = "60faec0a7aa180e3c95e0f61f63f745ad8e37bd9";
 /// SHA1 of [`RENEW`].
-pub const RENEW_SHA: &str = "2f486b8acecdb0657a34655a843ca809d9f3d1e5";
+pub const RENEW_SHA: &str = "50643318fe78c93e1b31fd505c872444956857d2";
 /// SHA1 of [`RELEASE`].
-pub const RELEASE_SHA: &str = "9163eed6d417f7cf0a3bab41619e7d35e0765941";
+pub const RELEASE_SHA: &str = "66900672967693bebb44013a62adfe6af188f83b";
 /// SHA1 of [`HOLDER`].
-pub const HOLDER_SHA: &str = "36709e2b26446792ab822d0f3e39924a63f53d3e";
+pub const HOLDER_SHA: &str = "5f34b034d6cd289bff7d9f3bacfa57225d63d6c8";
 /// SHA1 of [`RAISE_FENCE`].
 pub const RAISE_FENCE_SHA: &str = "0b0aa065ef72ede5bc6c2c7c39824e8078d61a8c";
 /// SHA1 of [`FENCED_WRITE`].
