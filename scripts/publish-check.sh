@@ -41,6 +41,15 @@ done
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
+# The dry run puts the new packages in a local registry overlay, which cargo unpacks
+# under $CARGO_HOME/registry/src/-<hash of the overlay's path>/ and never unpacks again
+# if that directory exists: a clone at the same path as an earlier run would build
+# against the earlier run's sources. Those unpacked copies of our own crates go first.
+cargo_home=${CARGO_HOME:-$HOME/.cargo}
+for entry in "${libraries[@]}"; do
+    rm -rf "$cargo_home"/registry/src/-*/"${entry%% *}"-[0-9]*
+done
+
 # Every workspace member not marked `publish = false` is packaged; the non-library
 # members (examples, loom-tests, embassy-mock-tests) are left out by that key, not by
 # `--exclude`, so that forgetting it on a new test crate fails the check below.
