@@ -45,9 +45,14 @@ trap 'rm -f "$log"' EXIT
 # under $CARGO_HOME/registry/src/-<hash of the overlay's path>/ and never unpacks again
 # if that directory exists: a clone at the same path as an earlier run would build
 # against the earlier run's sources. Those unpacked copies of our own crates go first.
+# Likewise cargo never rebuilds a registry crate it has built (registry sources are
+# immutable to it), so the fingerprints of our crates go too: they rebuild in seconds.
 cargo_home=${CARGO_HOME:-$HOME/.cargo}
+target_dir=${CARGO_TARGET_DIR:-target}
 for entry in "${libraries[@]}"; do
-    rm -rf "$cargo_home"/registry/src/-*/"${entry%% *}"-[0-9]*
+    name=${entry%% *}
+    rm -rf "$cargo_home"/registry/src/-*/"$name"-[0-9]* \
+        "$target_dir"/debug/.fingerprint/"$name"-[0-9a-f]*
 done
 
 # Every workspace member not marked `publish = false` is packaged; the non-library
