@@ -20,16 +20,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{config, proxy_endpoint, service_on, std_ms, EtcdCluster, Proxy};
-use leasehold_test_support::election::min_median_max;
-use leasehold_test_support::Candidates;
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
+use common::{config, proxy_endpoint, service_on, EtcdCluster, Proxy};
+use leasehold_test_support::election::{bench_setting, failover_figures};
 
 fn main() {
     // The shared test helpers log the crates' debug events unless told otherwise.
@@ -37,8 +29,8 @@ fn main() {
         std::env::set_var("RUST_LOG", "warn");
     }
     // Whole seconds, at least etcd's minimum (1 s with the fast test timing).
-    let ttl_ms = env("LEASEHOLD_BENCH_TTL_MS", 3_000);
-    let rounds = env("LEASEHOLD_BENCH_ROUNDS", 8) as usize;
+    let ttl_ms = bench_setting("LEASEHOLD_BENCH_TTL_MS", 3_000);
+    let rounds = bench_setting("LEASEHOLD_BENCH_ROUNDS", 8) as usize;
     let cluster = EtcdCluster::single();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -53,33 +45,15 @@ fn main() {
             services.push(Arc::new(service_on(vec![proxy_endpoint(&proxy)]).await));
             proxies.push(proxy);
         }
-        let config = config(ttl_ms);
-        let ttl = std_ms(ttl_ms);
-        let limit = ttl * 3;
-        let candidates = Candidates::start(services, "election", config);
-        let stalls = candidates
-            .stalled_leader_failovers(&proxies, rounds, ttl / 3, limit)
-            .await;
-        let stops = candidates
-            .stopped_server_failovers(
-                rounds.div_ceil(2),
-                ttl * 2,
-                ttl,
-                || cluster.pause(0),
-                || cluster.resume(0),
-                limit,
-            )
-            .await;
-        let retry = std::time::Duration::from(config.retry_interval());
-        println!("etcd, 5 candidates, TTL {ttl_ms} ms (retry {retry:?}, jittered 0.5–1.5×):");
-        println!("  stalled leader → new leader: {}", min_median_max(&stalls));
-        println!(
-            "    bound: TTL left at the stall (≤ {ttl_ms} ms) + {:?}",
-            retry.mul_f64(1.5)
-        );
-        println!(
-            "  server SIGCONT → leader again: {}",
-            min_median_max(&stops)
-        );
+        failover_figures(
+            "etcd",
+            services,
+            &proxies,
+            config(ttl_ms),
+            rounds,
+            || cluster.pause(0),
+            || cluster.resume(0),
+        )
+        .await;
     });
 }

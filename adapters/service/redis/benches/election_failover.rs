@@ -21,19 +21,11 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use leasehold_test_support::election::min_median_max;
-use leasehold_test_support::Candidates;
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
+use leasehold_test_support::election::{bench_setting, failover_figures};
 
 fn main() {
-    let ttl_ms = env("LEASEHOLD_BENCH_TTL_MS", 3_000);
-    let rounds = env("LEASEHOLD_BENCH_ROUNDS", 8) as usize;
+    let ttl_ms = bench_setting("LEASEHOLD_BENCH_TTL_MS", 3_000);
+    let rounds = bench_setting("LEASEHOLD_BENCH_ROUNDS", 8) as usize;
     let server = RedisServer::start();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -48,33 +40,15 @@ fn main() {
             services.push(Arc::new(service(&proxy_url(&proxy)).await));
             proxies.push(proxy);
         }
-        let config = config(ttl_ms);
-        let ttl = std_ms(ttl_ms);
-        let limit = ttl * 3;
-        let candidates = Candidates::start(services, "election", config);
-        let stalls = candidates
-            .stalled_leader_failovers(&proxies, rounds, ttl / 3, limit)
-            .await;
-        let stops = candidates
-            .stopped_server_failovers(
-                rounds.div_ceil(2),
-                ttl * 2,
-                ttl,
-                || server.pause(),
-                || server.resume(),
-                limit,
-            )
-            .await;
-        let retry = std::time::Duration::from(config.retry_interval());
-        println!("Redis, 5 candidates, TTL {ttl_ms} ms (retry {retry:?}, jittered 0.5–1.5×):");
-        println!("  stalled leader → new leader: {}", min_median_max(&stalls));
-        println!(
-            "    bound: TTL left at the stall (≤ {ttl_ms} ms) + {:?}",
-            retry.mul_f64(1.5)
-        );
-        println!(
-            "  server SIGCONT → leader again: {}",
-            min_median_max(&stops)
-        );
+        failover_figures(
+            "Redis",
+            services,
+            &proxies,
+            config(ttl_ms),
+            rounds,
+            || server.pause(),
+            || server.resume(),
+        )
+        .await;
     });
 }

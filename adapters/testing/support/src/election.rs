@@ -336,6 +336,65 @@ pub async fn five_candidates_scenario<S: LockService + 'static>(
     );
 }
 
+/// A bench setting from the environment (`LEASEHOLD_BENCH_TTL_MS`, …), or `default`.
+///
+/// # Panics
+///
+/// When the variable is set but is not a whole number.
+pub fn bench_setting(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(text) => text
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={text:?}: expected a whole number")),
+        Err(_) => default,
+    }
+}
+
+/// The failover figures of the election benches, the same for every backend: five
+/// candidates (one service each, through `proxies`, same order); `rounds` stalls of
+/// the leader's connection (timed from the stall to another candidate's `campaign()`
+/// returning), then half as many stops of the server for 2 T (timed from `resume` to
+/// a leader's `campaign()` returning). "At most one leader" is sampled throughout.
+/// Prints the figures under `backend`'s name.
+///
+/// # Panics
+///
+/// On any breach of the election's safety, or no leader within 3 T.
+pub async fn failover_figures<S: LockService + 'static>(
+    backend: &str,
+    services: Vec<Arc<S>>,
+    proxies: &[Proxy],
+    config: Config,
+    rounds: usize,
+    stop: impl FnMut(),
+    resume: impl FnMut(),
+) {
+    let ttl: Duration = config.ttl().into();
+    let limit = ttl * 3;
+    let candidates = Candidates::start(services, "election", config);
+    let stalls = candidates
+        .stalled_leader_failovers(proxies, rounds, ttl / 3, limit)
+        .await;
+    let stops = candidates
+        .stopped_server_failovers(rounds.div_ceil(2), ttl * 2, ttl, stop, resume, limit)
+        .await;
+    let retry = Duration::from(config.retry_interval());
+    println!(
+        "{backend}, 5 candidates, TTL {} ms (retry {retry:?}, jittered 0.5–1.5×):",
+        ttl.as_millis()
+    );
+    println!("  stalled leader → new leader: {}", min_median_max(&stalls));
+    println!(
+        "    bound: TTL left at the stall (≤ {} ms) + {:?}",
+        ttl.as_millis(),
+        retry.mul_f64(1.5)
+    );
+    println!(
+        "  server SIGCONT → leader again: {}",
+        min_median_max(&stops)
+    );
+}
+
 /// `min / median / max` of `times`, in ms, for a figures table.
 pub fn min_median_max(times: &[Duration]) -> String {
     let mut ms: Vec<f64> = times.iter().map(|t| t.as_secs_f64() * 1e3).collect();
