@@ -204,30 +204,56 @@ where
 {
     let key: Box<str> = key.into();
     async move {
-        leasehold::check_key(&key).map_err(AcquireError::InvalidKey)?;
-        let owner = match options.owner {
-            Some(owner) => owner,
-            None => random_owner().ok_or(AcquireError::NoEntropy)?,
-        };
-        let identity = options.identity.unwrap_or_else(default_identity);
         let clock = LeaseClock::start();
-        let give_up_at = match options.max_wait {
-            Some(wait) => clock.now().saturating_add(leasehold::Duration::from(wait)),
-            None => leasehold::Instant::MAX,
-        };
-        if options.yield_after_release {
-            wait_for_turn(&service, &key, config, options.max_wait).await;
-        }
-        let shared = Arc::new(Shared::new(key, owner, identity, config, clock));
-        let mut attempt = Attempt(Some(Arc::clone(&shared)));
-        task::spawn(Arc::clone(&shared), service, give_up_at);
-
-        let outcome = shared.wait_for(settled).await;
-        if outcome.is_ok() {
-            attempt.0 = None;
-        }
-        outcome.map(|()| LeaseHandle::new(shared))
+        start(
+            &service,
+            key,
+            config,
+            options,
+            clock,
+            |shared, give_up_at| {
+                task::spawn(shared, service.clone(), give_up_at);
+            },
+        )
+        .await
     }
+}
+
+/// The acquire both driver shapes share: check the key, pick the owner and identity,
+/// wait for this process's turn, hand the new lease's shared state to `drive` (which
+/// starts driving it on `clock`), then wait for the grant or the core's verdict.
+/// Cancel-safe as [`acquire`] says.
+pub(crate) async fn start<S: LockService + 'static>(
+    service: &Arc<S>,
+    key: Box<str>,
+    config: Config,
+    options: AcquireOptions,
+    clock: LeaseClock,
+    drive: impl FnOnce(Arc<Shared>, leasehold::Instant),
+) -> Result<LeaseHandle, AcquireError> {
+    leasehold::check_key(&key).map_err(AcquireError::InvalidKey)?;
+    let owner = match options.owner {
+        Some(owner) => owner,
+        None => random_owner().ok_or(AcquireError::NoEntropy)?,
+    };
+    let identity = options.identity.unwrap_or_else(default_identity);
+    // The wait bound counts from the call, the wait for our turn included.
+    let give_up_at = match options.max_wait {
+        Some(wait) => clock.now().saturating_add(leasehold::Duration::from(wait)),
+        None => leasehold::Instant::MAX,
+    };
+    if options.yield_after_release {
+        wait_for_turn(service, &key, config, options.max_wait).await;
+    }
+    let shared = Arc::new(Shared::new(key, owner, identity, config, clock));
+    let mut attempt = Attempt(Some(Arc::clone(&shared)));
+    drive(Arc::clone(&shared), give_up_at);
+
+    let outcome = shared.wait_for(settled).await;
+    if outcome.is_ok() {
+        attempt.0 = None;
+    }
+    outcome.map(|()| LeaseHandle::new(shared))
 }
 
 /// Sleeps until this process may contend for `key` again after its own release

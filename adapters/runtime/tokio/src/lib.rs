@@ -12,6 +12,7 @@ mod election;
 mod handle;
 pub mod memory;
 mod metrics;
+mod set;
 mod shared;
 mod state;
 mod supervise;
@@ -32,6 +33,7 @@ pub use leasehold::{
     StaleFence, Stats,
 };
 pub use leasehold_driver::LockService;
+pub use set::LeaseSet;
 pub use state::{LeaseEnd, LeaseState, LeaseStats, TimedEvent};
 pub use supervise::{supervise, SuperviseEnd, SuperviseOptions, Term};
 pub use time::LeaseClock;

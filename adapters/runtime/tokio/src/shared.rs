@@ -246,6 +246,18 @@ impl Shared {
         ReleaseWanted(self)
     }
 
+    /// Ready once a release was requested (or the driver is gone); pending until
+    /// then, with `cx`'s waker registered to hear of it.
+    pub(crate) fn poll_release(&self, cx: &mut Context<'_>) -> Poll<()> {
+        // Register first, then look: a request in between still wakes us.
+        self.release_waker.register(cx.waker());
+        if self.stop.load(Ordering::Acquire) == stop::NONE {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    }
+
     // ----- transitions -----
 
     /// Writes must stop and the term end: raises the stop flag at once (so `check()`
@@ -397,14 +409,7 @@ impl Future for ReleaseWanted<'_> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let shared = self.0;
-        // Register first, then look: a request in between still wakes us.
-        shared.release_waker.register(cx.waker());
-        if shared.stop.load(Ordering::Acquire) == stop::NONE {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
+        self.0.poll_release(cx)
     }
 }
 

@@ -61,18 +61,17 @@ async fn drive<S: LockService + 'static>(timed: Timed<S>, give_up_at: Instant) {
     let _ = term.await;
     // The core's counters live in the lease, which the loop borrowed until now.
     timed.shared.record_core_stats(lease.stats());
-    note_release(&timed);
+    note_release(&timed.service, shared);
 }
 
 /// Fair turns: after a release of a granted term, this process's next acquire of the
 /// key lets waiters go first (`leasehold::rules`, "Acquiring"). Not inlined into the
 /// task, whose future it would grow.
 #[inline(never)]
-fn note_release<S: LockService + 'static>(timed: &Timed<S>) {
-    let shared = &*timed.shared;
+pub(crate) fn note_release<S: LockService + 'static>(service: &Arc<S>, shared: &Shared) {
     if shared.end() == Some(LeaseEnd::Released) && shared.granted().is_some() {
         let backoff = shared.config.release_backoff().into();
-        turns::released(&timed.service, &shared.key, backoff);
+        turns::released(service, &shared.key, backoff);
     }
 }
 

@@ -1,20 +1,21 @@
-//! The rules of `leasehold::rules` (core/RULES.md), each checked through the tokio adapter on a paused clock, with
-//! faults injected into the in-memory service.
+//! The rules of `leasehold::rules` (core/RULES.md), each checked through the tokio
+//! adapter on a paused clock, with faults injected into the in-memory service. Run
+//! once per driver shape: `task_per_lease.rs` (a task per lease) and `lease_set.rs`
+//! (leases in a `LeaseSet`); `crate::shape` is the shape's `acquire`.
 //!
 //! Unless a test says otherwise the lease is 900 ms: renew every 300 ms, request
 //! timeout 90 ms, retry after 45 ms, margin 45 ms, drift 0.9 ms — a grant or renewal
 //! sent at `s` is safe until `s + 854.1 ms`.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 
-use common::{config, lease_us, ms, poll_once, within, Kind, Recording, Timeline};
+use crate::common::{config, lease_us, ms, poll_once, within, Kind, Recording, Timeline};
+use crate::shape::{acquire, try_acquire};
 use leasehold::{
     Budget, Config, Duration, Event, Fence, FenceGate, GateError, Indeterminate, LossReason,
     StaleFence,
 };
-use leasehold_tokio::{acquire, try_acquire, CheckError, LeaseEnd, LeaseHandle, LeaseState};
+use leasehold_tokio::{CheckError, LeaseEnd, LeaseHandle, LeaseState};
 
 const KEY: &str = "orders";
 

@@ -1,16 +1,15 @@
 //! The handle's promises: mutual exclusion between contenders, release on drop,
 //! cancel-safe acquire, and how a loss is reported (lost(), token, watch, events).
-
-mod common;
+//! Run once per driver shape, like `rules`.
 
 use std::sync::{Arc, Mutex};
 
-use common::{config, ms, poll_once, within, Kind, Recording, Timeline};
+use crate::common::{config, ms, poll_once, within, Kind, Recording, Timeline};
+use crate::shape::{acquire, acquire_with, try_acquire};
 use leasehold::{Config, Duration, Event, Fence, FenceGate, GateError, LossReason, Owner, Stats};
 use leasehold_tokio::memory::Scope;
 use leasehold_tokio::{
-    acquire, acquire_with, try_acquire, AcquireError, AcquireOptions, CheckError, LeaseEnd,
-    LeaseHandle, LeaseState, LeaseStats,
+    AcquireError, AcquireOptions, CheckError, LeaseEnd, LeaseHandle, LeaseState, LeaseStats,
 };
 
 const KEY: &str = "orders";

@@ -1,0 +1,384 @@
+//! One set driver: the leases it was handed, each a [`Lease`] core with its own write
+//! gate and handles, run by one task on one timer.
+//!
+//! Each lease goes through the same steps as in the shared loop (`run_term` of
+//! `leasehold-driver`), in the same order: drain the core's actions (one request in
+//! flight; a new one supersedes the old) and events, drop the I/O of a request the
+//! core no longer awaits, watch for revocation of exactly the grant held, end the term
+//! once it is over and nothing is in flight; then feed back whichever input is ready,
+//! release first, then the answer, then a revocation. Only the waiting differs: the
+//! core's next deadline goes into one min-heap for the whole driver instead of a
+//! runtime timer per lease, and the lease's futures are polled when they wake it
+//! ([`LeaseWake`]) rather than by a task of their own.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use leasehold::{AcquireOutcome, Action, Fence, Instant, Lease, RequestId, Response, State};
+use leasehold_driver::{LockService, Report};
+use tokio::time::Sleep;
+
+use super::wake::{Inbox, LeaseWake, Registration};
+use crate::shared::Shared;
+use crate::task::note_release;
+use crate::LeaseClock;
+
+/// A request or watch of one lease, owning what it borrows.
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// How many leases a driver steps before it yields to the runtime, so a burst (ten
+/// thousand leases falling due in one millisecond, or acquired at once) does not hold
+/// a worker thread for all of it.
+const STEPS_PER_POLL: usize = 512;
+
+/// The driver task's future.
+pub(super) struct Driver<S> {
+    service: Arc<S>,
+    clock: LeaseClock,
+    inbox: Arc<Inbox>,
+    /// The leases, by slot; a slot is reused once its lease has ended.
+    slots: Vec<Option<Entry>>,
+    free: Vec<u32>,
+    live: usize,
+    /// Every lease's next deadline, earliest first. An entry is stale (skipped when
+    /// popped) unless it is still its lease's [`Entry::due`]: a deadline is pushed once,
+    /// when it changes, and never searched for.
+    timers: BinaryHeap<Reverse<(Instant, u32)>>,
+    /// The one runtime timer: until the earliest deadline.
+    sleep: Pin<Box<Sleep>>,
+    sleeping_until: Option<Instant>,
+    /// Taken from the inbox, not yet stepped (kept across polls when the step budget
+    /// runs out).
+    new: Vec<Registration>,
+    woken: Vec<u32>,
+}
+
+/// One lease of the driver.
+struct Entry {
+    lease: Lease,
+    shared: Arc<Shared>,
+    wake: Arc<LeaseWake>,
+    /// The one request in flight, and its id.
+    request: Option<(RequestId, BoxFuture<Response>)>,
+    /// The revocation watch of the grant held: its fence, and the watch until it fires.
+    watch: Option<(Fence, Option<BoxFuture<()>>)>,
+    /// The release request was fed to the core (it is fed once).
+    release_seen: bool,
+    /// The deadline last pushed to the heap for this lease.
+    due: Option<Instant>,
+}
+
+impl Drop for Entry {
+    /// The lease leaves the driver: at its term's end, or with the task (runtime
+    /// shutdown), when its handles learn that nothing renews it any more.
+    fn drop(&mut self) {
+        self.shared.finish();
+    }
+}
+
+/// Whether a lease's term goes on after a step.
+#[derive(PartialEq, Eq)]
+enum Step {
+    Running,
+    Ended,
+}
+
+impl<S: LockService + 'static> Driver<S> {
+    pub(super) fn new(service: Arc<S>, clock: LeaseClock, inbox: Arc<Inbox>) -> Driver<S> {
+        Driver {
+            service,
+            clock,
+            inbox,
+            slots: Vec::new(),
+            free: Vec::new(),
+            live: 0,
+            timers: BinaryHeap::new(),
+            sleep: Box::pin(tokio::time::sleep_until(clock.to_tokio(Instant::MAX))),
+            sleeping_until: None,
+            new: Vec::new(),
+            woken: Vec::new(),
+        }
+    }
+
+    /// Starts a lease handed over by an acquire: its first attempt goes out now.
+    fn start(&mut self, registration: Registration) {
+        let Registration { shared, give_up_at } = registration;
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => match u32::try_from(self.slots.len()) {
+                Ok(slot) => {
+                    self.slots.push(None);
+                    slot
+                }
+                // Four billion leases in one driver: refuse this one ("driver
+                // stopped") rather than alias a slot.
+                Err(_) => return shared.finish(),
+            },
+        };
+        // Contenders seed their retry jitter from their (random) owner, so they do
+        // not retry in lock step.
+        let [a, b, c, d, ..] = shared.owner.0;
+        let mut lease =
+            Lease::new(shared.config).with_jitter_seed(u32::from_le_bytes([a, b, c, d]));
+        // A fresh lease is never mid-term, so this cannot fail.
+        let _ = lease.acquire_until(shared.clock.now(), give_up_at, &shared.gate);
+        let entry = Entry {
+            lease,
+            wake: Arc::new(LeaseWake::new(slot, Arc::clone(&self.inbox))),
+            shared,
+            request: None,
+            watch: None,
+            release_seen: false,
+            due: None,
+        };
+        if let Some(place) = self.slots.get_mut(slot as usize) {
+            *place = Some(entry);
+            self.live += 1;
+            self.step(slot);
+        }
+    }
+
+    /// Steps the lease in `slot` (woken, or its deadline passed) and removes it if its
+    /// term is over.
+    fn step(&mut self, slot: u32) {
+        let Some(entry) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else {
+            return; // ended already; a late wake-up
+        };
+        entry.wake.looking();
+        if step(entry, slot, &self.service, &mut self.timers) == Step::Ended {
+            if let Some(entry) = self.slots.get_mut(slot as usize).and_then(Option::take) {
+                entry.shared.record_core_stats(entry.lease.stats());
+                note_release(&self.service, &entry.shared);
+                drop(entry);
+                self.free.push(slot);
+                self.live -= 1;
+            }
+        }
+    }
+
+    /// Fires the deadlines that have passed, up to `budget` of them; returns what is
+    /// left of the budget.
+    fn fire_timers(&mut self, mut budget: usize) -> usize {
+        let now = self.clock.now();
+        while budget > 0 {
+            let Some(&Reverse((at, slot))) = self.timers.peek() else {
+                break;
+            };
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(entry) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else {
+                continue;
+            };
+            if entry.due != Some(at) {
+                continue; // stale: the lease moved on
+            }
+            entry.due = None;
+            entry
+                .lease
+                .handle_timeout(entry.shared.clock.now(), &entry.shared.gate);
+            self.step(slot);
+            budget -= 1;
+        }
+        budget
+    }
+}
+
+impl<S: LockService + 'static> Future for Driver<S> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        // Register before looking, so anything handed over after the look wakes us.
+        this.inbox.register_driver(cx.waker());
+        loop {
+            let mut budget = STEPS_PER_POLL;
+
+            this.inbox.take_new(&mut this.new);
+            let starting = this.new.len().min(budget);
+            let mut new = std::mem::take(&mut this.new);
+            for registration in new.drain(..starting) {
+                this.start(registration);
+            }
+            this.new = new;
+            budget -= starting;
+
+            this.inbox.take_woken(&mut this.woken);
+            let waking = this.woken.len().min(budget);
+            for i in 0..waking {
+                let slot = this.woken[i];
+                this.step(slot);
+            }
+            this.woken.drain(..waking);
+            budget -= waking;
+
+            budget = this.fire_timers(budget);
+            if budget == 0 {
+                // More may be due: yield, and come straight back.
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+
+            if let Some(&Reverse((at, _))) = this.timers.peek() {
+                if this.sleeping_until != Some(at) {
+                    this.sleep.as_mut().reset(this.clock.to_tokio(at));
+                    this.sleeping_until = Some(at);
+                }
+                if this.sleep.as_mut().poll(cx).is_ready() {
+                    this.sleeping_until = None;
+                    continue;
+                }
+            }
+
+            if this.inbox.is_closed() && this.live == 0 && this.new.is_empty() {
+                return Poll::Ready(());
+            }
+            return Poll::Pending;
+        }
+    }
+}
+
+impl<S> Drop for Driver<S> {
+    fn drop(&mut self) {
+        // The leases still here end with their entries; those never started end now.
+        self.inbox.abandon();
+        for registration in self.new.drain(..) {
+            registration.shared.finish();
+        }
+    }
+}
+
+/// One step of one lease: outputs out, then inputs in while any is ready.
+fn step<S: LockService + 'static>(
+    entry: &mut Entry,
+    slot: u32,
+    service: &Arc<S>,
+    timers: &mut BinaryHeap<Reverse<(Instant, u32)>>,
+) -> Step {
+    let waker = Waker::from(Arc::clone(&entry.wake));
+    let mut cx = Context::from_waker(&waker);
+    let Entry {
+        lease,
+        shared,
+        request,
+        watch,
+        release_seen,
+        due,
+        ..
+    } = entry;
+    let gate = &shared.gate;
+    loop {
+        while let Some(action) = lease.poll_action() {
+            *request = Some((action.id(), send(service, shared, action)));
+        }
+        let mut at = None;
+        while let Some(event) = lease.poll_event() {
+            let at = *at.get_or_insert_with(tokio::time::Instant::now);
+            shared.publish(Report::Event(event), at);
+        }
+        // Drop the I/O of a request the lease no longer waits for.
+        if request
+            .as_ref()
+            .is_some_and(|(id, _)| !lease.is_awaiting(*id))
+        {
+            *request = None;
+        }
+        // Watch for revocation of exactly the grant held.
+        let held = lease.fence();
+        if held != watch.as_ref().map(|(fence, _)| *fence) {
+            *watch = held.map(|fence| (fence, Some(revoked(service, shared, lease, fence))));
+        }
+        if request.is_none()
+            && matches!(
+                lease.state(),
+                State::Lost(_) | State::Released | State::NotAcquired(_)
+            )
+        {
+            return Step::Ended;
+        }
+        let next = lease.poll_timeout();
+        if next != *due {
+            *due = next;
+            if let Some(at) = next {
+                timers.push(Reverse((at, slot)));
+            }
+        }
+
+        // Feed back whatever is ready, in the shared loop's order.
+        if !*release_seen && shared.poll_release(&mut cx).is_ready() {
+            *release_seen = true;
+            let _ = lease.release(shared.clock.now(), gate);
+            continue;
+        }
+        if let Some((id, io)) = request {
+            if let Poll::Ready(response) = io.as_mut().poll(&mut cx) {
+                let id = *id;
+                *request = None;
+                if let Response::Acquire(AcquireOutcome::HeldByAnother(holder)) = response {
+                    shared.publish(Report::HeldBy(holder), tokio::time::Instant::now());
+                }
+                // A stale answer changes nothing; the core counts it.
+                let _ = lease.handle_response(shared.clock.now(), id, response, gate);
+                continue;
+            }
+        }
+        if let Some((fence, slot @ Some(_))) = watch {
+            if slot
+                .as_mut()
+                .is_some_and(|io| io.as_mut().poll(&mut cx).is_ready())
+            {
+                *slot = None;
+                let _ = lease.handle_revoked(shared.clock.now(), *fence, gate);
+                continue;
+            }
+        }
+        return Step::Running;
+    }
+}
+
+/// The request for `action`, owning what it needs. A renewal notes its send instant
+/// for the round trip reported with `Renewed` (metrics, tracing).
+fn send<S: LockService + 'static>(
+    service: &Arc<S>,
+    shared: &Arc<Shared>,
+    action: Action,
+) -> BoxFuture<Response> {
+    let (service, shared) = (Arc::clone(service), Arc::clone(shared));
+    match action {
+        Action::Acquire { term, ttl, .. } => Box::pin(async move {
+            let token = shared.owner.token(term);
+            let outcome = service.acquire(&shared.key, token, &shared.identity, ttl);
+            Response::Acquire(outcome.await)
+        }),
+        Action::Renew {
+            term, fence, ttl, ..
+        } => {
+            shared.renewal_sent(shared.clock.now());
+            Box::pin(async move {
+                let token = shared.owner.token(term);
+                Response::Renew(service.renew(&shared.key, token, fence, ttl).await)
+            })
+        }
+        Action::Release { term, .. } => Box::pin(async move {
+            let token = shared.owner.token(term);
+            Response::Release(service.release(&shared.key, token).await)
+        }),
+    }
+}
+
+/// The revocation watch of the grant with `fence`.
+fn revoked<S: LockService + 'static>(
+    service: &Arc<S>,
+    shared: &Arc<Shared>,
+    lease: &Lease,
+    fence: Fence,
+) -> BoxFuture<()> {
+    let (service, shared) = (Arc::clone(service), Arc::clone(shared));
+    let token = shared.owner.token(lease.term());
+    Box::pin(async move { service.revoked(&shared.key, token, fence).await })
+}

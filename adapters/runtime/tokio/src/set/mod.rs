@@ -1,0 +1,181 @@
+//! [`LeaseSet`]: many leases on one service, driven by a few tasks with one timer each
+//! instead of a task and a timer per lease.
+
+mod driver;
+mod wake;
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use leasehold::Config;
+use leasehold_driver::LockService;
+
+use crate::acquire::{self, AcquireError, AcquireOptions};
+use crate::{LeaseClock, LeaseHandle};
+use driver::Driver;
+use wake::{Inbox, Registration};
+
+/// Many leases on one service with one config, driven by a few tasks (one per
+/// runtime worker by default), each with **one timer** for all of its leases.
+///
+/// [`acquire`](crate::acquire) spawns a task per lease, and each task keeps a runtime
+/// timer: simple, and the right choice for a handful of leases. A process that holds
+/// thousands (one lease per tenant, shard or device) pays for thousands of tasks and
+/// timers; a `LeaseSet` runs the same [`Lease`](leasehold::Lease) core per lease,
+/// step for step as the single-lease loop does, but keeps every lease's next deadline
+/// in one heap per driver task and polls a lease's request only when it wakes.
+///
+/// Every lease keeps its own write gate and its own [`LeaseHandle`], which works
+/// exactly as one from [`acquire`](crate::acquire): `check()` before each write, the
+/// loss at the first refusal, release by [`LeaseHandle::release`] or by dropping the
+/// last handle. A slow or stuck request of one lease never delays another: requests
+/// run concurrently, and the driver only steps leases that are due or woken.
+///
+/// Leases outlive the `LeaseSet` value: dropping it stops new acquires, and its
+/// driver tasks end once their last lease has. Create it inside a tokio runtime; its
+/// drivers run on that runtime.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// use std::sync::Arc;
+/// use leasehold::{Config, Duration};
+/// use leasehold_tokio::{memory::MemoryService, LeaseSet};
+///
+/// let service = Arc::new(MemoryService::new());
+/// let config = Config::builder(Duration::from_secs(3)).build().unwrap();
+/// let set = LeaseSet::new(service, config);
+/// let mut leases = Vec::new();
+/// for tenant in 0..1_000 {
+///     leases.push(set.acquire(&format!("tenant-{tenant}")).await.unwrap());
+/// }
+/// tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+/// assert!(leases.iter().all(|lease| lease.check().is_ok()));
+/// # }
+/// ```
+pub struct LeaseSet<S> {
+    inner: Arc<Inner<S>>,
+}
+
+struct Inner<S> {
+    service: Arc<S>,
+    config: Config,
+    /// One clock for the set: every lease's instants, and every driver's heap, count
+    /// from the same origin.
+    clock: LeaseClock,
+    drivers: Box<[Arc<Inbox>]>,
+    /// The driver the next lease goes to (round robin).
+    next: AtomicUsize,
+}
+
+impl<S> Drop for Inner<S> {
+    fn drop(&mut self) {
+        for driver in self.drivers.iter() {
+            driver.close();
+        }
+    }
+}
+
+impl<S> Clone for LeaseSet<S> {
+    fn clone(&self) -> Self {
+        LeaseSet {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<S> fmt::Debug for LeaseSet<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseSet")
+            .field("config", &self.inner.config)
+            .field("drivers", &self.inner.drivers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: LockService + 'static> LeaseSet<S> {
+    /// A set whose leases use `config`, with one driver task per worker thread of the
+    /// current runtime. Must be called from within a tokio runtime.
+    pub fn new(service: Arc<S>, config: Config) -> LeaseSet<S> {
+        let workers = tokio::runtime::Handle::current().metrics().num_workers();
+        LeaseSet::with_drivers(service, config, workers)
+    }
+
+    /// A set with `drivers` driver tasks (at least one); each lease is driven by one
+    /// of them, in turn. Must be called from within a tokio runtime.
+    pub fn with_drivers(service: Arc<S>, config: Config, drivers: usize) -> LeaseSet<S> {
+        let clock = LeaseClock::start();
+        let drivers: Box<[Arc<Inbox>]> = (0..drivers.max(1))
+            .map(|_| {
+                let inbox = Arc::new(Inbox::default());
+                let driver = Driver::new(Arc::clone(&service), clock, Arc::clone(&inbox));
+                tokio::spawn(driver);
+                inbox
+            })
+            .collect();
+        LeaseSet {
+            inner: Arc::new(Inner {
+                service,
+                config,
+                clock,
+                drivers,
+                next: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// The config every lease of the set uses.
+    pub fn config(&self) -> Config {
+        self.inner.config
+    }
+
+    /// [`acquire`](crate::acquire) in this set: waits while the key is held, then
+    /// keeps it renewed until it is lost, released, or its last handle is dropped.
+    /// Cancel-safe in the same way.
+    pub fn acquire(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<LeaseHandle, AcquireError>> + Send + 'static {
+        self.acquire_with(key, AcquireOptions::new())
+    }
+
+    /// [`try_acquire`](crate::try_acquire) in this set: one attempt.
+    pub fn try_acquire(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<LeaseHandle, AcquireError>> + Send + 'static {
+        self.acquire_with(
+            key,
+            AcquireOptions::new().max_wait(std::time::Duration::ZERO),
+        )
+    }
+
+    /// [`acquire_with`](crate::acquire_with) in this set.
+    pub fn acquire_with(
+        &self,
+        key: &str,
+        options: AcquireOptions,
+    ) -> impl Future<Output = Result<LeaseHandle, AcquireError>> + Send + 'static {
+        let inner = Arc::clone(&self.inner);
+        let key: Box<str> = key.into();
+        async move {
+            let service = &inner.service;
+            acquire::start(
+                service,
+                key,
+                inner.config,
+                options,
+                inner.clock,
+                |shared, give_up_at| {
+                    let n = inner.next.fetch_add(1, Ordering::Relaxed) % inner.drivers.len();
+                    if let Some(driver) = inner.drivers.get(n) {
+                        driver.register(Registration { shared, give_up_at });
+                    }
+                },
+            )
+            .await
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! How the leases of one set driver reach it: new leases and wake-ups go into its
+//! [`Inbox`], and the driver task drains it.
+//!
+//! Each lease has one [`LeaseWake`], the waker of everything the driver polls for
+//! that lease (its request in flight, its revocation watch, its release signal). A
+//! wake-up queues the lease's slot once until the driver has looked at it, so a
+//! lease woken a thousand times between two passes costs one look.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::Wake;
+
+use futures_util::task::AtomicWaker;
+
+use crate::shared::Shared;
+
+/// A lease handed to a driver, not yet started.
+pub(super) struct Registration {
+    pub(super) shared: Arc<Shared>,
+    /// When to give up acquiring, on the set's clock.
+    pub(super) give_up_at: leasehold::Instant,
+}
+
+/// What reaches one driver task from outside it.
+#[derive(Default)]
+pub(super) struct Inbox {
+    new: Mutex<Vec<Registration>>,
+    /// Slots of leases woken since the driver last looked.
+    woken: Mutex<Vec<u32>>,
+    /// The driver task's waker.
+    driver: AtomicWaker,
+    /// The set is gone: the driver ends once its last lease has.
+    closed: AtomicBool,
+}
+
+impl Inbox {
+    /// Hands `lease` to the driver.
+    pub(super) fn register(&self, lease: Registration) {
+        lock(&self.new).push(lease);
+        self.driver.wake();
+    }
+
+    /// Moves the leases handed over since the last call into `into`.
+    pub(super) fn take_new(&self, into: &mut Vec<Registration>) {
+        into.append(&mut lock(&self.new));
+    }
+
+    /// Moves the slots woken since the last call into `into`.
+    pub(super) fn take_woken(&self, into: &mut Vec<u32>) {
+        into.append(&mut lock(&self.woken));
+    }
+
+    pub(super) fn register_driver(&self, waker: &std::task::Waker) {
+        self.driver.register(waker);
+    }
+
+    pub(super) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.driver.wake();
+    }
+
+    pub(super) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Leases handed over but never started (the driver is gone): their acquires end
+    /// as "driver stopped".
+    pub(super) fn abandon(&self) {
+        for lease in lock(&self.new).drain(..) {
+            lease.shared.finish();
+        }
+    }
+}
+
+/// The waker of one lease's futures: queues its slot in the inbox and wakes the
+/// driver.
+pub(super) struct LeaseWake {
+    slot: u32,
+    /// Queued and not yet looked at: further wake-ups add nothing.
+    queued: AtomicBool,
+    inbox: Arc<Inbox>,
+}
+
+impl LeaseWake {
+    pub(super) fn new(slot: u32, inbox: Arc<Inbox>) -> LeaseWake {
+        LeaseWake {
+            slot,
+            queued: AtomicBool::new(false),
+            inbox,
+        }
+    }
+
+    /// The driver is about to look at the lease: wake-ups from now on queue it again.
+    pub(super) fn looking(&self) {
+        self.queued.store(false, Ordering::Release);
+    }
+}
+
+impl Wake for LeaseWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if !self.queued.swap(true, Ordering::AcqRel) {
+            lock(&self.inbox.woken).push(self.slot);
+            self.inbox.driver.wake();
+        }
+    }
+}
+
+/// Nothing panics while these locks are held; if something did, the data is plain
+/// values, so keep going.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}

@@ -1,0 +1,183 @@
+//! `LeaseSet`, the second driver shape: first the lease rules and the handle's promises
+//! of `task_per_lease.rs`, each lease in a set of its own; then what only a set has —
+//! many leases on one driver task and one timer, none disturbing another.
+
+mod common;
+mod handles;
+mod rules;
+
+use std::sync::Arc;
+
+use common::{config, ms, within, Kind, Recording, Timeline};
+use leasehold::{Fence, LossReason};
+use leasehold_tokio::memory::{MemoryService, Scope};
+use leasehold_tokio::{CheckError, LeaseEnd, LeaseHandle, LeaseSet};
+
+mod shape {
+    use std::future::Future;
+    use std::sync::Arc;
+
+    use leasehold::Config;
+    use leasehold_driver::LockService;
+    use leasehold_tokio::{AcquireError, AcquireOptions, LeaseHandle, LeaseSet};
+
+    /// `acquire` through a set of its own, created when the future first runs (inside
+    /// the runtime) and dropped once the acquire is over; its driver runs on until the
+    /// lease ends.
+    pub fn acquire_with<S: LockService + 'static>(
+        service: Arc<S>,
+        key: &str,
+        config: Config,
+        options: AcquireOptions,
+    ) -> impl Future<Output = Result<LeaseHandle, AcquireError>> + Send + 'static {
+        let key = key.to_owned();
+        async move {
+            let set = LeaseSet::with_drivers(service, config, 1);
+            set.acquire_with(&key, options).await
+        }
+    }
+
+    pub fn acquire<S: LockService + 'static>(
+        service: Arc<S>,
+        key: &str,
+        config: Config,
+    ) -> impl Future<Output = Result<LeaseHandle, AcquireError>> + Send + 'static {
+        acquire_with(service, key, config, AcquireOptions::new())
+    }
+
+    pub fn try_acquire<S: LockService + 'static>(
+        service: Arc<S>,
+        key: &str,
+        config: Config,
+    ) -> impl Future<Output = Result<LeaseHandle, AcquireError>> + Send + 'static {
+        acquire_with(
+            service,
+            key,
+            config,
+            AcquireOptions::new().max_wait(std::time::Duration::ZERO),
+        )
+    }
+}
+
+const LEASES: usize = 1_000;
+
+/// `n` leases `lease-0`… in one set with one driver, all acquired at the same instant.
+async fn hold_many(service: &Arc<Recording>, n: usize) -> (LeaseSet<Recording>, Vec<LeaseHandle>) {
+    let set = LeaseSet::with_drivers(service.clone(), config(900), 1);
+    let acquires: Vec<_> = (0..n)
+        .map(|i| tokio::spawn(set.acquire(&format!("lease-{i}"))))
+        .collect();
+    let mut leases = Vec::with_capacity(n);
+    for acquire in acquires {
+        leases.push(acquire.await.unwrap().unwrap());
+    }
+    (set, leases)
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_driver_renews_a_thousand_leases_each_on_its_own_schedule() {
+    let timeline = Timeline::start();
+    let service = Recording::new();
+    let (_set, leases) = hold_many(&service, LEASES).await;
+    assert_eq!(timeline.now_ms(), 0, "all granted at once");
+
+    timeline.until(2_000).await;
+    for lease in &leases {
+        assert_eq!(
+            service.sent_ms(&timeline, lease.token(), Kind::Renew),
+            [300, 600, 900, 1_200, 1_500, 1_800],
+            "{}",
+            lease.key()
+        );
+        assert!(lease.check().is_ok(), "{}", lease.key());
+    }
+    // Each key granted once, to its own lease, and held by it at the service.
+    for lease in &leases {
+        let grant = service.grant(lease.key()).unwrap();
+        assert_eq!(grant.fence, lease.granted_fence());
+        assert_eq!(grant.fence, Fence(1));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_lease_expires_alone_while_its_neighbours_renew_on_time() {
+    let timeline = Timeline::start();
+    let service = Recording::new();
+    let (_set, leases) = hold_many(&service, 100).await;
+    let (stalled, revoked) = (&leases[3], &leases[4]);
+    let stalled_expiry = service.grant(stalled.key()).unwrap().expires_at;
+    service.stall(stalled.owner());
+    service.revoke(revoked.key());
+
+    // The revocation ends its lease at once; the stall ends its lease before the
+    // service would have let the key go (rules 4 and 5), and not one neighbour moves.
+    assert_eq!(
+        within(10, revoked.lost()).await,
+        LeaseEnd::Lost(LossReason::Revoked)
+    );
+    assert_eq!(
+        within(2_000, stalled.lost()).await,
+        LeaseEnd::Lost(LossReason::Expired)
+    );
+    assert!(tokio::time::Instant::now() < stalled_expiry);
+    assert!(matches!(stalled.check(), Err(CheckError::Gate(_))));
+
+    timeline.until(2_000).await;
+    for lease in leases
+        .iter()
+        .filter(|l| l.key() != stalled.key() && l.key() != revoked.key())
+    {
+        assert_eq!(
+            service.sent_ms(&timeline, lease.token(), Kind::Renew),
+            [300, 600, 900, 1_200, 1_500, 1_800],
+            "{}",
+            lease.key()
+        );
+        assert!(lease.check().is_ok());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn leases_outlive_the_set_and_the_drivers_end_with_the_last_of_them() {
+    let service = Recording::new();
+    let (set, mut leases) = hold_many(&service, 10).await;
+    drop(set);
+    tokio::time::sleep(ms(3_000)).await;
+    assert!(
+        leases.iter().all(|lease| lease.check().is_ok()),
+        "still renewed"
+    );
+
+    // Dropping a lease's last handle releases its key; once all are gone, nothing
+    // holds the service but this test.
+    let held = |n: usize| {
+        (0..10)
+            .filter(|i| service.grant(&format!("lease-{i}")).is_some())
+            .count()
+            == n
+    };
+    leases.truncate(5);
+    tokio::time::sleep(ms(10)).await;
+    assert!(held(5));
+    drop(leases);
+    tokio::time::sleep(ms(10)).await;
+    assert!(held(0));
+    assert_eq!(Arc::strong_count(&service), 1, "the driver task ended");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_set_spreads_its_leases_over_its_drivers_and_each_keeps_its_own_gate() {
+    let service = Arc::new(MemoryService::new());
+    let set = LeaseSet::with_drivers(service.clone(), config(900), 4);
+    let a = set.acquire("a").await.unwrap();
+    let b = set.acquire("b").await.unwrap();
+    service.partition(a.owner());
+    assert_eq!(
+        within(2_000, a.lost()).await,
+        LeaseEnd::Lost(LossReason::Expired)
+    );
+    assert!(a.check().is_err());
+    assert_eq!(b.check(), Ok(b.granted_fence()));
+    assert!(set.try_acquire("b").await.is_err(), "b is still held");
+    service.heal(Scope::All);
+}
