@@ -4,13 +4,19 @@
 //! cargo bench -p leasehold-tokio --bench many_leases                 # 1k, 10k, 100k
 //! cargo bench -p leasehold-tokio --bench many_leases -- 1000         # just 1k
 //! LEASEHOLD_BENCH_LEASES=1000,10000 cargo bench -p leasehold-tokio --bench many_leases
+//! LEASEHOLD_BENCH_SHAPE=set LEASEHOLD_BENCH_TTL_MS=30000 LEASEHOLD_BENCH_PERIODS=30 \
+//!     cargo bench -p leasehold-tokio --bench many_leases -- 1000000  # 1M for 5 minutes
 //! ```
 //!
-//! For each N it reports:
+//! Each N runs in both driver shapes, one after the other: `task` (`acquire`, a task
+//! and a runtime timer per lease) and `set` (one `LeaseSet`, a driver task per worker
+//! with one timer each); `LEASEHOLD_BENCH_SHAPE=task` or `=set` runs one. For each it
+//! reports:
 //!
 //! * **renew lateness** — how long after its T/3 schedule (previous send + renew
 //!   interval) each renewal was actually sent, p50/p99/max, measured over 3 renew
-//!   periods on a 2-worker multi-thread runtime;
+//!   periods (`LEASEHOLD_BENCH_PERIODS`) on a 2-worker multi-thread runtime; TTL 3 s
+//!   (`LEASEHOLD_BENCH_TTL_MS`);
 //! * **CPU per renewal** — process user+system time (getrusage) over those periods,
 //!   divided by the renewals sent; it includes everything: timers, the service, tokio;
 //! * **memory per lease** — live heap bytes (a counting allocator) and RSS growth
@@ -37,15 +43,24 @@ use leasehold::{
 };
 use leasehold_driver::LockService;
 use leasehold_tokio::memory::MemoryService;
-use leasehold_tokio::{acquire, LeaseEnd, LeaseHandle};
+use leasehold_tokio::{acquire, LeaseEnd, LeaseHandle, LeaseSet};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 use tokio::time::Instant;
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
-/// How long the steady state is measured, in renew intervals.
+/// How long the steady state is measured by default, in renew intervals.
 const MEASURED_PERIODS: u32 = 3;
+
+/// Which driver drives the leases.
+#[derive(Clone, Copy, Debug)]
+enum Shape {
+    /// `acquire`: a task and a runtime timer per lease.
+    Task,
+    /// One `LeaseSet`: a driver task per worker, one timer each.
+    Set,
+}
 /// How many leases the loss measurements use at most (each kind).
 const LOSS_SAMPLE: usize = 1_000;
 
@@ -60,11 +75,19 @@ fn main() {
         .split(',')
         .filter_map(|n| n.trim().replace('_', "").parse().ok())
         .collect();
+    let ttl = StdDuration::from_millis(env_number("LEASEHOLD_BENCH_TTL_MS").unwrap_or(3_000));
     let (sizes, ttl) = match (bench, from_args.is_empty(), from_env.is_empty()) {
         (false, true, true) => (vec![100], StdDuration::from_millis(300)), // smoke run
-        (_, false, _) => (from_args, StdDuration::from_secs(3)),
-        (_, true, false) => (from_env, StdDuration::from_secs(3)),
-        (true, true, true) => (vec![1_000, 10_000, 100_000], StdDuration::from_secs(3)),
+        (_, false, _) => (from_args, ttl),
+        (_, true, false) => (from_env, ttl),
+        (true, true, true) => (vec![1_000, 10_000, 100_000], ttl),
+    };
+    let periods = env_number("LEASEHOLD_BENCH_PERIODS").map_or(MEASURED_PERIODS, |p| p as u32);
+    let shapes = match std::env::var("LEASEHOLD_BENCH_SHAPE").as_deref() {
+        Ok("task") => vec![Shape::Task],
+        Ok("set") => vec![Shape::Set],
+        Ok("") | Err(_) => vec![Shape::Task, Shape::Set],
+        Ok(other) => panic!("LEASEHOLD_BENCH_SHAPE={other}: expected task or set"),
     };
     println!(
         "many_leases: ttl {} ms, renew every {} ms, 2 worker threads, {} cores, load average {}",
@@ -73,12 +96,26 @@ fn main() {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         load_average()
     );
-    println!("| leases | renew lateness p50 / p99 / max | CPU per renewal | heap per lease | RSS per lease | NotOwner → lost() p50 / p99 | deadline → lost() p50 / p99 |");
-    println!("|---:|---|---:|---:|---:|---|---|");
+    println!("| leases | shape | renew lateness p50 / p99 / max | CPU per renewal | heap per lease | RSS per lease | NotOwner → lost() p50 / p99 | deadline → lost() p50 / p99 |");
+    println!("|---:|---|---|---:|---:|---:|---|---|");
     for n in sizes {
-        let report = run(n, ttl);
-        println!("{report}");
+        for &shape in &shapes {
+            let report = run(n, ttl, periods, shape);
+            println!("{report}");
+        }
     }
+}
+
+/// A number from the environment, `_` separators allowed; a value that does not
+/// parse is an error, not a silent default.
+fn env_number(name: &str) -> Option<u64> {
+    let value = std::env::var(name).ok()?;
+    Some(
+        value
+            .replace('_', "")
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={value}: expected a number")),
+    )
 }
 
 /// The in-memory service, timestamping what the bench needs.
@@ -174,6 +211,7 @@ impl LockService for Probe {
 
 struct Report {
     n: usize,
+    shape: Shape,
     lateness: Percentiles,
     cpu_per_renewal_us: f64,
     heap_per_lease: f64,
@@ -187,8 +225,9 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "| {} | {} | {:.1} µs | {:.0} B | {:.0} B | {} | {} |",
+            "| {} | {:?} | {} | {:.1} µs | {:.0} B | {:.0} B | {} | {} |",
             self.n,
+            self.shape,
             self.lateness.full(),
             self.cpu_per_renewal_us,
             self.heap_per_lease,
@@ -207,7 +246,7 @@ impl std::fmt::Display for Report {
     }
 }
 
-fn run(n: usize, ttl: StdDuration) -> Report {
+fn run(n: usize, ttl: StdDuration, periods: u32, shape: Shape) -> Report {
     let config = Config::builder(Duration::from_micros(ttl.as_micros() as u64))
         .build()
         .unwrap();
@@ -227,10 +266,11 @@ fn run(n: usize, ttl: StdDuration) -> Report {
             doomed: (0..n).map(|_| AtomicBool::new(false)).collect(),
             refused_at: (0..n).map(|_| AtomicU64::new(0)).collect(),
             recording: AtomicBool::new(false),
-            lateness_us: Mutex::new(Vec::with_capacity(n * (MEASURED_PERIODS as usize + 2))),
+            lateness_us: Mutex::new(Vec::with_capacity(n * (periods as usize + 2))),
             timeline: std::env::var_os("LEASEHOLD_BENCH_TIMELINE")
-                .map(|_| Mutex::new(Vec::with_capacity(n * (MEASURED_PERIODS as usize + 4)))),
+                .map(|_| Mutex::new(Vec::with_capacity(n * (periods as usize + 4)))),
         });
+        let set = LeaseSet::new(probe.clone(), config);
         let mut handles: Vec<LeaseHandle> = Vec::with_capacity(n);
         let mut starting = Vec::with_capacity(n);
         let keys: Vec<String> = (0..n).map(|i| format!("lease-{i}")).collect();
@@ -247,7 +287,10 @@ fn run(n: usize, ttl: StdDuration) -> Report {
             if at > Instant::now() + StdDuration::from_millis(1) {
                 tokio::time::sleep_until(at).await;
             }
-            starting.push(tokio::spawn(acquire(probe.clone(), key, config)));
+            starting.push(match shape {
+                Shape::Task => tokio::spawn(acquire(probe.clone(), key, config)),
+                Shape::Set => tokio::spawn(set.acquire(key)),
+            });
         }
         for started in starting.drain(..) {
             handles.push(started.await.unwrap().unwrap());
@@ -262,7 +305,7 @@ fn run(n: usize, ttl: StdDuration) -> Report {
         tokio::time::sleep(renew).await;
         let cpu_before = cpu_time();
         probe.recording.store(true, Ordering::Relaxed);
-        tokio::time::sleep(renew * MEASURED_PERIODS).await;
+        tokio::time::sleep(renew * periods).await;
         probe.recording.store(false, Ordering::Relaxed);
         let cpu = cpu_time() - cpu_before;
         let lateness: Vec<u32> = std::mem::take(&mut *probe.lateness_us.lock().unwrap());
@@ -332,6 +375,7 @@ fn run(n: usize, ttl: StdDuration) -> Report {
         drop(handles);
         Report {
             n,
+            shape,
             lateness,
             cpu_per_renewal_us,
             heap_per_lease,

@@ -78,8 +78,10 @@ struct Status {
     granted: Option<(Fence, Term)>,
     /// The acquire ended without a grant, and why.
     not_acquired: Option<AcquireFailure>,
-    /// The holder named by the latest "held by another" answer.
-    last_holder: Option<Holder>,
+    /// The holder named by the latest "held by another" answer. Boxed: only a
+    /// contender waiting for a held key has one, and inline it would cost every
+    /// lease 88 bytes.
+    last_holder: Option<Box<Holder>>,
     /// The lease is counted in the "leases held" gauge (granted, not yet ended).
     counted_held: bool,
     /// Retries counted from the events, and the core's counters at the term's end.
@@ -158,7 +160,7 @@ impl Shared {
     }
 
     pub(crate) fn last_holder(&self) -> Option<Holder> {
-        self.status().last_holder
+        self.status().last_holder.as_deref().copied()
     }
 
     /// The owner token this lease presents (every handle runs one term).
@@ -292,7 +294,11 @@ impl Shared {
         let event = match report {
             Report::Event(event) => event,
             Report::HeldBy(holder) => {
-                self.status().last_holder = Some(holder);
+                let mut status = self.status();
+                match &mut status.last_holder {
+                    Some(last) => **last = holder,
+                    None => status.last_holder = Some(Box::new(holder)),
+                }
                 return;
             }
             // Reports a newer driver adds are not for the handles.

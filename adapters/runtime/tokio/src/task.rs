@@ -61,7 +61,7 @@ async fn drive<S: LockService + 'static>(timed: Timed<S>, give_up_at: Instant) {
     let _ = term.await;
     // The core's counters live in the lease, which the loop borrowed until now.
     timed.shared.record_core_stats(lease.stats());
-    note_release(&timed.service, shared);
+    note_release(&timed.service, &timed.shared);
 }
 
 /// Fair turns: after a release of a granted term, this process's next acquire of the
@@ -102,7 +102,8 @@ mod tests {
     /// core's `Stats`) to 464 B; the lease's `tracing` span (feature `tracing`, on by
     /// default) adds 40 B to the task, which runs inside it; keeping the sleep across
     /// the loop's passes (one runtime timer per deadline, not per pass) costs the task
-    /// the 8 B of that deadline.
+    /// the 8 B of that deadline. Boxing the last holder seen (only a waiting
+    /// contender has one) took the shared state from 464 to 376 B.
     #[tokio::test]
     async fn a_lease_task_and_its_shared_state_stay_small() {
         let config = Config::builder(Duration::from_secs(3)).build().unwrap();
@@ -122,6 +123,6 @@ mod tests {
         println!("driver task future: {task} B, shared state: {shared} B");
         let limit = if cfg!(feature = "tracing") { 936 } else { 904 };
         assert!(task <= limit, "driver task future is {task} B");
-        assert!(shared <= 464, "shared state is {shared} B");
+        assert!(shared <= 376, "shared state is {shared} B");
     }
 }

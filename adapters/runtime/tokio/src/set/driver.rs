@@ -40,10 +40,7 @@ pub(super) struct Driver<S> {
     service: Arc<S>,
     clock: LeaseClock,
     inbox: Arc<Inbox>,
-    /// The leases, by slot; a slot is reused once its lease has ended.
-    slots: Vec<Option<Entry>>,
-    free: Vec<u32>,
-    live: usize,
+    slots: Slots,
     /// Every lease's next deadline, earliest first. An entry is stale (skipped when
     /// popped) unless it is still its lease's [`Entry::due`]: a deadline is pushed once,
     /// when it changes, and never searched for.
@@ -55,6 +52,66 @@ pub(super) struct Driver<S> {
     /// runs out).
     new: Vec<Registration>,
     woken: Vec<u32>,
+}
+
+/// How many slots are allocated at a time: small enough that a set of a few leases
+/// stays small, large enough that a million leases need few allocations, and unlike a
+/// `Vec` that doubles, never more than one chunk of slots to spare.
+const CHUNK: usize = 64;
+
+/// The leases, by slot; a slot is reused once its lease has ended.
+#[derive(Default)]
+struct Slots {
+    chunks: Vec<Box<[Option<Entry>]>>,
+    free: Vec<u32>,
+    live: usize,
+}
+
+impl Slots {
+    fn get_mut(&mut self, slot: u32) -> Option<&mut Entry> {
+        let slot = slot as usize;
+        self.chunks
+            .get_mut(slot / CHUNK)?
+            .get_mut(slot % CHUNK)?
+            .as_mut()
+    }
+
+    /// A free slot, or `None` when four billion are in use.
+    fn vacant(&mut self) -> Option<u32> {
+        if let Some(slot) = self.free.pop() {
+            return Some(slot);
+        }
+        let first = u32::try_from(self.chunks.len() * CHUNK).ok()?;
+        u32::try_from((self.chunks.len() + 1) * CHUNK).ok()?;
+        self.chunks.push((0..CHUNK).map(|_| None).collect());
+        // The chunk's other slots, lowest first.
+        self.free.extend((first + 1..first + CHUNK as u32).rev());
+        Some(first)
+    }
+
+    fn put(&mut self, slot: u32, entry: Entry) {
+        let slot = slot as usize;
+        if let Some(place) = self
+            .chunks
+            .get_mut(slot / CHUNK)
+            .and_then(|c| c.get_mut(slot % CHUNK))
+        {
+            *place = Some(entry);
+            self.live += 1;
+        }
+    }
+
+    fn take(&mut self, slot: u32) -> Option<Entry> {
+        let index = slot as usize;
+        let entry = self
+            .chunks
+            .get_mut(index / CHUNK)?
+            .get_mut(index % CHUNK)?
+            .take()?;
+        self.free.push(slot);
+        self.live -= 1;
+        Some(entry)
+    }
 }
 
 /// One lease of the driver.
@@ -93,9 +150,7 @@ impl<S: LockService + 'static> Driver<S> {
             service,
             clock,
             inbox,
-            slots: Vec::new(),
-            free: Vec::new(),
-            live: 0,
+            slots: Slots::default(),
             timers: BinaryHeap::new(),
             sleep: Box::pin(tokio::time::sleep_until(clock.to_tokio(Instant::MAX))),
             sleeping_until: None,
@@ -107,17 +162,10 @@ impl<S: LockService + 'static> Driver<S> {
     /// Starts a lease handed over by an acquire: its first attempt goes out now.
     fn start(&mut self, registration: Registration) {
         let Registration { shared, give_up_at } = registration;
-        let slot = match self.free.pop() {
-            Some(slot) => slot,
-            None => match u32::try_from(self.slots.len()) {
-                Ok(slot) => {
-                    self.slots.push(None);
-                    slot
-                }
-                // Four billion leases in one driver: refuse this one ("driver
-                // stopped") rather than alias a slot.
-                Err(_) => return shared.finish(),
-            },
+        // Four billion leases in one driver: refuse this one ("driver stopped")
+        // rather than alias a slot.
+        let Some(slot) = self.slots.vacant() else {
+            return shared.finish();
         };
         // Contenders seed their retry jitter from their (random) owner, so they do
         // not retry in lock step.
@@ -135,27 +183,21 @@ impl<S: LockService + 'static> Driver<S> {
             release_seen: false,
             due: None,
         };
-        if let Some(place) = self.slots.get_mut(slot as usize) {
-            *place = Some(entry);
-            self.live += 1;
-            self.step(slot);
-        }
+        self.slots.put(slot, entry);
+        self.step(slot);
     }
 
     /// Steps the lease in `slot` (woken, or its deadline passed) and removes it if its
     /// term is over.
     fn step(&mut self, slot: u32) {
-        let Some(entry) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else {
+        let Some(entry) = self.slots.get_mut(slot) else {
             return; // ended already; a late wake-up
         };
         entry.wake.looking();
         if step(entry, slot, &self.service, &mut self.timers) == Step::Ended {
-            if let Some(entry) = self.slots.get_mut(slot as usize).and_then(Option::take) {
+            if let Some(entry) = self.slots.take(slot) {
                 entry.shared.record_core_stats(entry.lease.stats());
                 note_release(&self.service, &entry.shared);
-                drop(entry);
-                self.free.push(slot);
-                self.live -= 1;
             }
         }
     }
@@ -172,7 +214,7 @@ impl<S: LockService + 'static> Driver<S> {
                 break;
             }
             self.timers.pop();
-            let Some(entry) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else {
+            let Some(entry) = self.slots.get_mut(slot) else {
                 continue;
             };
             if entry.due != Some(at) {
@@ -235,7 +277,7 @@ impl<S: LockService + 'static> Future for Driver<S> {
                 }
             }
 
-            if this.inbox.is_closed() && this.live == 0 && this.new.is_empty() {
+            if this.inbox.is_closed() && this.slots.live == 0 && this.new.is_empty() {
                 return Poll::Ready(());
             }
             return Poll::Pending;
@@ -381,4 +423,43 @@ fn revoked<S: LockService + 'static>(
     let (service, shared) = (Arc::clone(service), Arc::clone(shared));
     let token = shared.owner.token(lease.term());
     Box::pin(async move { service.revoked(&shared.key, token, fence).await })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use leasehold::{Config, Duration, Fence, Identity, Lease, Owner};
+
+    use super::{revoked, Entry};
+    use crate::memory::MemoryService;
+    use crate::shared::Shared;
+    use crate::LeaseClock;
+
+    /// What a lease costs a set besides its shared state (the same as with a task of
+    /// its own): its slot (the core, its request and watch, its deadline) and, for a
+    /// service that can watch, the watch future; the request future lives only while
+    /// a request is in flight.
+    #[tokio::test]
+    async fn a_lease_in_a_set_stays_small() {
+        let config = Config::builder(Duration::from_secs(3)).build().unwrap();
+        let shared = Arc::new(Shared::new(
+            "k".into(),
+            Owner([0; 16]),
+            Identity::EMPTY,
+            config,
+            LeaseClock::start(),
+        ));
+        let service = Arc::new(MemoryService::new());
+        let lease = Lease::new(config);
+        let watch = revoked(&service, &shared, &lease, Fence(1));
+        let (entry, watch) = (size_of::<Option<Entry>>(), size_of_val(&*watch));
+        println!(
+            "slot {entry} B (lease {} B), shared state {} B, memory service watch {watch} B",
+            size_of::<Lease>(),
+            size_of::<Shared>(),
+        );
+        assert!(entry <= 224, "a slot is {entry} B");
+        assert!(watch <= 168, "the watch is {watch} B");
+    }
 }
