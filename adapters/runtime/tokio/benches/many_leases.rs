@@ -102,6 +102,7 @@ fn main() {
         for &shape in &shapes {
             let report = run(n, ttl, periods, shape);
             println!("{report}");
+            assert_eq!(report.refused_after_loss, 0, "a check passed after a loss");
         }
     }
 }

@@ -239,7 +239,9 @@ impl<S: LockService + 'static> Future for Driver<S> {
         // Register before looking, so anything handed over after the look wakes us.
         this.inbox.register_driver(cx.waker());
         loop {
-            let mut budget = STEPS_PER_POLL;
+            // Deadlines first: a flood of wake-ups (a service waking every watch at
+            // once) must not delay a renewal that is due.
+            let mut budget = this.fire_timers(STEPS_PER_POLL);
 
             this.inbox.take_new(&mut this.new);
             let starting = this.new.len().min(budget);
@@ -259,7 +261,6 @@ impl<S: LockService + 'static> Future for Driver<S> {
             this.woken.drain(..waking);
             budget -= waking;
 
-            budget = this.fire_timers(budget);
             if budget == 0 {
                 // More may be due: yield, and come straight back.
                 cx.waker().wake_by_ref();

@@ -1,0 +1,234 @@
+//! Many leases held on one real `redis-server` (which this binary starts) through one
+//! `LeaseSet` and one `RedisLockService` connection, for minutes: every renewal on its
+//! T/3 schedule, and not one lease lost.
+//!
+//! ```text
+//! cargo bench -p leasehold-redis --bench many_leases                  # 100k leases, 2 min
+//! LEASEHOLD_BENCH_LEASES=10000 LEASEHOLD_BENCH_SECS=30 cargo bench -p leasehold-redis --bench many_leases
+//! LEASEHOLD_BENCH_SMOKE=1 cargo test -p leasehold-redis --bench many_leases   # 1k, 5 s
+//! ```
+//!
+//! TTL 3 s (a renewal every second per lease, so N leases are N renewals/s), leases
+//! started evenly over one renew interval, a 2-worker runtime on a machine whose other
+//! work is the Redis server. It reports the **renew lateness** (how long after its
+//! schedule, previous send + renew interval, each renewal was sent: p50/p99/max), the
+//! renewals per second the server confirmed, client CPU per renewal (process
+//! user + system time over the held period, divided by renewals), renewal retries, and
+//! **losses**: leases whose term ended while held. Any loss fails the run, in smoke
+//! mode too (`scripts/bench-smoke.sh`).
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration as StdDuration, Instant};
+
+use leasehold::{
+    AcquireOutcome, Config, Duration, Fence, HolderOutcome, Identity, OwnerToken, ReleaseOutcome,
+    RenewOutcome,
+};
+use leasehold_driver::LockService;
+use leasehold_redis::RedisLockService;
+use leasehold_test_support::RedisServer;
+use leasehold_tokio::{acquire, LeaseHandle, LeaseSet};
+
+const TTL: StdDuration = StdDuration::from_secs(3);
+
+/// `service`, noting how late each renewal of each lease (`lease-<i>`) was sent.
+struct Schedule {
+    service: RedisLockService,
+    origin: Instant,
+    interval_us: u64,
+    /// Per lease: when its last acquire or renewal was sent, µs since `origin`.
+    last_send: Vec<AtomicU64>,
+    recording: AtomicBool,
+    lateness_us: Mutex<Vec<u32>>,
+}
+
+impl Schedule {
+    fn sent(&self, key: &str) -> (u64, u64) {
+        let i: usize = key
+            .strip_prefix("lease-")
+            .and_then(|i| i.parse().ok())
+            .unwrap_or(0);
+        let now = self.origin.elapsed().as_micros() as u64;
+        (now, self.last_send[i].swap(now, Ordering::Relaxed))
+    }
+}
+
+impl LockService for Schedule {
+    fn acquire(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        identity: &Identity,
+        ttl: Duration,
+    ) -> impl Future<Output = AcquireOutcome> + Send {
+        self.sent(key);
+        LockService::acquire(&self.service, key, token, identity, ttl)
+    }
+
+    fn renew(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        fence: Fence,
+        ttl: Duration,
+    ) -> impl Future<Output = RenewOutcome> + Send {
+        let (now, previous) = self.sent(key);
+        if self.recording.load(Ordering::Relaxed) {
+            let late = now.saturating_sub(previous + self.interval_us);
+            let late = u32::try_from(late).unwrap_or(u32::MAX);
+            self.lateness_us.lock().unwrap().push(late);
+        }
+        LockService::renew(&self.service, key, token, fence, ttl)
+    }
+
+    fn release(&self, key: &str, token: OwnerToken) -> impl Future<Output = ReleaseOutcome> + Send {
+        LockService::release(&self.service, key, token)
+    }
+
+    fn holder(&self, key: &str) -> impl Future<Output = HolderOutcome> + Send {
+        LockService::holder(&self.service, key)
+    }
+}
+
+fn main() {
+    let smoke = std::env::var("LEASEHOLD_BENCH_SMOKE").is_ok_and(|v| v != "0");
+    let number = |name: &str, default: u64| -> u64 {
+        std::env::var(name).map_or(default, |v| {
+            v.replace('_', "")
+                .parse()
+                .unwrap_or_else(|_| panic!("{name}={v}: expected a number"))
+        })
+    };
+    let (n, secs) = if smoke {
+        (1_000, 5)
+    } else {
+        (
+            number("LEASEHOLD_BENCH_LEASES", 100_000),
+            number("LEASEHOLD_BENCH_SECS", 120),
+        )
+    };
+    let n = usize::try_from(n).expect("a lease count that fits in memory");
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let ramp = StdDuration::from_millis(number("LEASEHOLD_BENCH_RAMP_MS", 1_000));
+    let report = runtime.block_on(hold(&server.url(), n, StdDuration::from_secs(secs), ramp));
+    println!(
+        "many_leases on redis-server: {n} leases, TTL {} ms, held {secs} s, load average {}",
+        TTL.as_millis(),
+        load_average()
+    );
+    println!("| leases | renew lateness p50 / p99 / max | renewals/s | client CPU per renewal | renewal retries | losses |");
+    println!("|---:|---|---:|---:|---:|---:|");
+    println!("{report}");
+    assert_eq!(report.losses, 0, "leases were lost while held");
+}
+
+struct Report {
+    n: usize,
+    lateness: [u32; 3],
+    renewals_per_sec: f64,
+    cpu_per_renewal_us: f64,
+    retries: u64,
+    losses: usize,
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let [p50, p99, max] = self.lateness.map(|us| f64::from(us) / 1_000.0);
+        write!(
+            f,
+            "| {} | {p50:.2} / {p99:.2} / {max:.2} ms | {:.0} | {:.1} µs | {} | {} |",
+            self.n, self.renewals_per_sec, self.cpu_per_renewal_us, self.retries, self.losses
+        )
+    }
+}
+
+async fn hold(url: &str, n: usize, held: StdDuration, ramp: StdDuration) -> Report {
+    let config = Config::builder(Duration::from(TTL)).build().unwrap();
+    let interval = StdDuration::from(config.renew_interval());
+    let service = RedisLockService::connect(url).await.unwrap();
+    let schedule = Arc::new(Schedule {
+        service,
+        origin: Instant::now(),
+        interval_us: interval.as_micros() as u64,
+        last_send: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        recording: AtomicBool::new(false),
+        lateness_us: Mutex::new(Vec::with_capacity(n * (held.as_secs() as usize + 2))),
+    });
+    let set = LeaseSet::new(schedule.clone(), config);
+    let per_task = std::env::var("LEASEHOLD_BENCH_SHAPE").is_ok_and(|v| v == "task");
+
+    // Start the leases spread evenly over `ramp` (one renew interval unless
+    // `LEASEHOLD_BENCH_RAMP_MS` says), each acquire in a task of its own (awaiting them
+    // in turn would pace the starts by round trips).
+    let start = tokio::time::Instant::now();
+    let mut starting = Vec::with_capacity(n);
+    for i in 0..n {
+        let at = start + ramp.mul_f64(i as f64 / n as f64);
+        if at > tokio::time::Instant::now() + StdDuration::from_millis(1) {
+            tokio::time::sleep_until(at).await;
+        }
+        let key = format!("lease-{i}");
+        starting.push(if per_task {
+            tokio::spawn(acquire(schedule.clone(), &key, config))
+        } else {
+            tokio::spawn(set.acquire(&key))
+        });
+    }
+    let mut leases: Vec<LeaseHandle> = Vec::with_capacity(n);
+    for acquire in starting {
+        leases.push(acquire.await.unwrap().expect("acquire"));
+    }
+
+    // One interval to settle, then the held period.
+    tokio::time::sleep(interval).await;
+    let cpu_before = cpu_time();
+    schedule.recording.store(true, Ordering::Relaxed);
+    tokio::time::sleep(held).await;
+    schedule.recording.store(false, Ordering::Relaxed);
+    let cpu = cpu_time() - cpu_before;
+
+    let losses = leases.iter().filter(|lease| lease.end().is_some()).count();
+    let retries = leases
+        .iter()
+        .map(|lease| u64::from(lease.stats().renewal_retries))
+        .sum();
+    let mut lateness = std::mem::take(&mut *schedule.lateness_us.lock().unwrap());
+    lateness.sort_unstable();
+    let at = |q: f64| {
+        let i = ((lateness.len() as f64 - 1.0) * q).round() as usize;
+        lateness.get(i).copied().unwrap_or(0)
+    };
+    let report = Report {
+        n,
+        lateness: [at(0.5), at(0.99), lateness.last().copied().unwrap_or(0)],
+        renewals_per_sec: lateness.len() as f64 / held.as_secs_f64(),
+        cpu_per_renewal_us: cpu.as_secs_f64() * 1e6 / lateness.len().max(1) as f64,
+        retries,
+        losses,
+    };
+    drop(leases); // each releases its key in the background
+    report
+}
+
+/// User + system CPU time of this process.
+fn cpu_time() -> StdDuration {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let usage = getrusage(UsageWho::RUSAGE_SELF).expect("getrusage");
+    let micros = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
+    StdDuration::from_micros(micros(usage.user_time()) + micros(usage.system_time()))
+}
+
+/// The 1-minute load average: other work on the machine shows in the latencies.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|avg| avg.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
+}
