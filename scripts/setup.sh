@@ -16,6 +16,7 @@ done
 # Debian packages: command -> package.
 declare -A packages=(
     [redis-server]=redis-server
+    [redis-cli]=redis-tools
     [etcd]=etcd-server
     [protoc]=protobuf-compiler
     [arm-none-eabi-size]=binutils-arm-none-eabi

@@ -6,7 +6,8 @@
 # It installs what is missing (rustup targets, redis-server, etcd, postgresql, protoc,
 # ARM binutils), then runs: fmt, clippy, the tests (real servers are started by the tests
 # themselves on free loopback ports; every lock service runs the conformance suite),
-# the Redis benchmark in smoke mode (every peer briefly, errors only), the loom
+# a local Redis Cluster (3 primaries + 3 replicas: a failover and a slot migration
+# under 10,000 leases), the benchmarks in smoke mode (errors only), the loom
 # models, the no_std target builds, the firmware builds with their size table,
 # the firmware holding a lease on a real Redis in QEMU (both ARM builds),
 # the exhaustive model check (2 clients) and its mutations, every crate with each
@@ -34,6 +35,7 @@ stage tokio-metrics bash -c "cargo clippy -q -p leasehold-tokio --all-targets --
 stage storage bash -c "cargo clippy -q -p leasehold-storage --all-targets --all-features --locked -- -D warnings && cargo test -p leasehold-storage --all-features --locked"
 stage bench-smoke bash scripts/bench-smoke.sh
 stage redis-tls bash -c "cargo clippy -q -p leasehold-redis --all-targets --features tls --locked -- -D warnings && cargo test -p leasehold-redis --features tls --test tls --locked"
+stage redis-cluster bash -c "cargo clippy -q -p leasehold-redis --all-targets --features cluster --locked -- -D warnings && cargo test -p leasehold-redis --features cluster --locked --lib --test cluster"
 stage loom bash scripts/loom.sh
 stage no_std bash scripts/no-std.sh
 stage embassy bash scripts/embassy.sh

@@ -39,6 +39,45 @@ impl Keys {
             fence: fence_key(name).concat(),
         })
     }
+
+    /// The Redis Cluster slot both keys live in (feature `cluster`).
+    ///
+    /// ```
+    /// let keys = leasehold_redis::Keys::new("orders").unwrap();
+    /// assert_eq!(keys.slot(), 105); // redis-cli CLUSTER KEYSLOT "{orders}"
+    /// ```
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub fn slot(&self) -> u16 {
+        slot_of(self.lock.as_bytes())
+    }
+}
+
+/// The cluster slot of `key`: CRC16 (XMODEM) of its hash tag (between the first `{`
+/// and the next `}`, if not empty) or of the whole key, modulo 16,384.
+#[cfg(feature = "cluster")]
+pub(crate) fn slot_of(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = key.get(open + 1..)?;
+            let close = rest.iter().position(|&b| b == b'}')?;
+            rest.get(..close).filter(|tag| !tag.is_empty())
+        })
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for &byte in tagged {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 == 0 {
+                crc << 1
+            } else {
+                (crc << 1) ^ 0x1021
+            };
+        }
+    }
+    crc % 16_384
 }
 
 /// The two Redis keys of fenced resource `name` (see

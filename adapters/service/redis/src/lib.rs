@@ -6,6 +6,8 @@
 //! # Features
 #![doc = document_features::document_features!()]
 
+#[cfg(feature = "cluster")]
+mod cluster;
 mod connect;
 mod error;
 mod keys;
@@ -13,6 +15,9 @@ mod lock_service;
 mod scripts;
 mod service;
 
+#[cfg(feature = "cluster")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+pub use cluster::{ClusterConnection, RedisClusterLockService};
 pub use connect::Builder;
 pub use error::{Op, ProtocolError, RedisLockError};
 pub use keys::{FencedKeys, Keys};

@@ -40,6 +40,7 @@ pub mod postgres;
 mod process;
 pub mod proxy;
 pub mod redis;
+pub mod redis_cluster;
 mod storage;
 mod wait;
 
@@ -52,5 +53,6 @@ pub use ports::free_port;
 pub use postgres::PostgresServer;
 pub use proxy::{Proxy, ProxyMode};
 pub use redis::{RedisOptions, RedisServer, TlsFiles};
+pub use redis_cluster::{ClusterNode, RedisCluster};
 pub use storage::Storage;
 pub use wait::wait_for;

@@ -344,8 +344,14 @@ impl RedisServer {
                 .args(["--tls-auth-clients", "no"]);
         }
         if self.options.cluster {
+            // A dead primary is noticed after 1 s, so a replica takes over within
+            // a few seconds.
+            // Healthy primaries keep serving their slots while another's are
+            // uncovered (the default refuses every query in the cluster then).
             cmd.args(["--cluster-enabled", "yes"])
-                .args(["--cluster-config-file", "nodes.conf"]);
+                .args(["--cluster-config-file", "nodes.conf"])
+                .args(["--cluster-node-timeout", "1000"])
+                .args(["--cluster-require-full-coverage", "no"]);
         }
         let child = cmd
             .stdin(Stdio::null())

@@ -1,0 +1,212 @@
+//! `leasehold-redis` on a real local Redis Cluster (feature `cluster`): three primaries
+//! with a replica each, started by the test (`redis-cli --cluster create`).
+//!
+//! * The service contract, clause by clause, as on one server.
+//! * 10,000 leases in one `LeaseSet`, spread over every primary's slots, while a
+//!   primary is killed (its replica takes over) and then while 300 slots migrate
+//!   between the two other primaries: every lease on the healthy primaries survives
+//!   both, the migrating ones included; every lease on the dead primary either
+//!   survives on the promoted replica or ends with its gate closed, and a contender
+//!   that takes its key next gets a newer fence (the replica had every grant: the
+//!   test waits for replication before the kill) while the old holder's `check()`
+//!   already refuses.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration as StdDuration;
+
+use leasehold::{Config, Duration};
+use leasehold_conformance::{run_all, Capabilities};
+use leasehold_redis::{Keys, RedisClusterLockService, RedisLockService};
+use leasehold_test_support::RedisCluster;
+use leasehold_tokio::{AcquireOptions, LeaseHandle, LeaseSet};
+
+const LEASES: usize = 10_000;
+
+fn config() -> Config {
+    Config::builder(Duration::from_secs(3)).build().unwrap()
+}
+
+async fn start_cluster() -> (RedisCluster, Arc<RedisClusterLockService>) {
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 1))
+        .await
+        .unwrap();
+    let service = RedisLockService::connect_cluster(cluster.urls())
+        .await
+        .expect("connect to the cluster");
+    (cluster, Arc::new(service))
+}
+
+/// The slot of lease key `name`: its lock key is `{name}`.
+fn slot(name: &str) -> u16 {
+    Keys::new(name).unwrap().slot()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_keeps_the_contract() {
+    let (cluster, service) = start_cluster().await;
+    // The slot the test computes is the cluster's.
+    for name in ["orders", "lease-0", "lease-9999"] {
+        assert_eq!(cluster.slot_of(&format!("{{{name}}}")), slot(name));
+    }
+    run_all(&*service, &Capabilities::redis(Duration::from_millis(300))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_leases_ride_out_a_failover_and_a_slot_migration() {
+    let (mut cluster, service) = start_cluster().await;
+    let set = LeaseSet::new(service.clone(), config());
+    let names: Vec<String> = (0..LEASES).map(|i| format!("lease-{i}")).collect();
+
+    // Acquire them all, spread over two seconds.
+    let start = tokio::time::Instant::now();
+    let mut acquiring = Vec::with_capacity(LEASES);
+    for (i, name) in names.iter().enumerate() {
+        let at = start + StdDuration::from_secs(2).mul_f64(i as f64 / LEASES as f64);
+        tokio::time::sleep_until(at).await;
+        acquiring.push(tokio::spawn(set.acquire(name)));
+    }
+    let mut leases: Vec<LeaseHandle> = Vec::with_capacity(LEASES);
+    for acquire in acquiring {
+        leases.push(acquire.await.unwrap().expect("acquire on the cluster"));
+    }
+
+    // Which primary serves each lease.
+    let topology = cluster.topology();
+    let primary_of = |name: &str| {
+        let slot = slot(name);
+        topology
+            .iter()
+            .find(|n| n.primary && n.slots.iter().any(|&(a, b)| (a..=b).contains(&slot)))
+            .map(|n| n.port)
+            .expect("every slot is served")
+    };
+    let primaries: Vec<u16> = names.iter().map(|n| primary_of(n)).collect();
+    let per_primary: BTreeMap<u16, usize> = primaries.iter().fold(BTreeMap::new(), |mut m, p| {
+        *m.entry(*p).or_default() += 1;
+        m
+    });
+    assert_eq!(
+        per_primary.len(),
+        3,
+        "leases on every primary: {per_primary:?}"
+    );
+
+    // ----- a primary dies; its replica (which has every grant) takes over -----
+    let victim = primaries[0];
+    let affected: Vec<usize> = (0..LEASES).filter(|&i| primaries[i] == victim).collect();
+    // Contenders wait on a sample of the victim's keys: whoever gets a key next must
+    // find the old holder's gate closed, and a newer fence.
+    let contenders = LeaseSet::new(service.clone(), config());
+    let waiting: Vec<(usize, tokio::task::JoinHandle<_>)> = affected
+        .iter()
+        .take(100)
+        .map(|&i| {
+            let options = AcquireOptions::new().max_wait(StdDuration::from_secs(20));
+            (i, tokio::spawn(contenders.acquire_with(&names[i], options)))
+        })
+        .collect();
+    {
+        let cluster = &cluster;
+        tokio::task::block_in_place(|| cluster.wait_replicated(victim));
+    }
+    cluster.kill(victim);
+    tokio::task::block_in_place(|| cluster.wait_settled(3));
+    // Two TTLs on the new topology: a lease still held has renewed on the promoted
+    // replica several times.
+    tokio::time::sleep(StdDuration::from_secs(6)).await;
+
+    let mut ended = 0;
+    for &i in &affected {
+        let lease = &leases[i];
+        match lease.end() {
+            None => assert!(lease.check().is_ok(), "{} held, but refuses", names[i]),
+            Some(end) => {
+                ended += 1;
+                assert!(
+                    lease.check().is_err(),
+                    "{} ended ({end:?}) but passes",
+                    names[i]
+                );
+            }
+        }
+    }
+    let mut taken = 0;
+    for (i, contender) in waiting {
+        // The contender gets the key only once the old lease has ended.
+        if contender.is_finished() {
+            let next = contender.await.unwrap().expect("the contender's acquire");
+            taken += 1;
+            assert!(leases[i].check().is_err(), "two holders of {}", names[i]);
+            assert!(
+                next.granted_fence() > leases[i].granted_fence(),
+                "{}: fence {:?} after {:?}",
+                names[i],
+                next.granted_fence(),
+                leases[i].granted_fence()
+            );
+        }
+    }
+    let healthy_ended: Vec<_> = (0..LEASES)
+        .filter(|&i| primaries[i] != victim)
+        .filter_map(|i| leases[i].end().map(|end| (&names[i], end)))
+        .collect();
+    assert!(
+        healthy_ended.is_empty(),
+        "{} leases on healthy primaries ended, e.g. {:?}",
+        healthy_ended.len(),
+        &healthy_ended[..healthy_ended.len().min(5)]
+    );
+    println!(
+        "failover: {} of the dead primary's {} leases ended safely, the rest survived; \
+         contenders took {taken} of their keys",
+        ended,
+        affected.len()
+    );
+
+    // ----- slots migrate between the two other primaries, keys and all -----
+    let others: Vec<u16> = per_primary
+        .keys()
+        .copied()
+        .filter(|&p| p != victim)
+        .collect();
+    let (from, to) = (others[0], others[1]);
+    let before = cluster.topology();
+    tokio::task::block_in_place(|| cluster.reshard(from, to, 300));
+    let after = cluster.topology();
+    let served = |nodes: &[leasehold_test_support::ClusterNode], port: u16| -> BTreeSet<u16> {
+        nodes
+            .iter()
+            .filter(|n| n.port == port && n.primary)
+            .flat_map(|n| n.slots.iter().flat_map(|&(a, b)| a..=b))
+            .collect()
+    };
+    let moved: BTreeSet<u16> = served(&before, from)
+        .difference(&served(&after, from))
+        .copied()
+        .collect();
+    assert_eq!(moved.len(), 300, "the reshard moved 300 slots");
+    tokio::time::sleep(StdDuration::from_secs(4)).await;
+
+    // Redirections are followed (`MOVED`, and `ASK` while a slot is half moved), so
+    // a migration ends no lease at all.
+    let moved_leases: Vec<usize> = (0..LEASES)
+        .filter(|&i| primaries[i] != victim && moved.contains(&slot(&names[i])))
+        .collect();
+    assert!(!moved_leases.is_empty(), "leases on the moved slots");
+    let ended: Vec<_> = (0..LEASES)
+        .filter(|&i| primaries[i] != victim)
+        .filter_map(|i| leases[i].end().map(|end| (&names[i], end)))
+        .collect();
+    assert!(
+        ended.is_empty(),
+        "{} leases ended across the migration, e.g. {:?}",
+        ended.len(),
+        &ended[..ended.len().min(5)]
+    );
+    assert!(moved_leases.iter().all(|&i| leases[i].check().is_ok()));
+    println!(
+        "migration: all {} leases on the 300 moved slots survived",
+        moved_leases.len()
+    );
+}
