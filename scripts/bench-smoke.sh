@@ -5,7 +5,9 @@
 #   - etcd: leasehold-etcd, raw keep-alive, raw keep-alive + txn, the same K;
 #   - many leases: 100 on the in-memory service in both driver shapes (a task per
 #     lease, and a LeaseSet), and 1,000 in a LeaseSet on a real Redis for 5 s, failing
-#     on any loss or any check that passes after one.
+#     on any loss or any check that passes after one;
+#   - a local Redis Cluster: leasehold-redis's cluster service and redis-rs's own
+#     cluster connection, K = 100, briefly.
 # Each fails on any error or unexpected answer, never on a ratio (the figures come from
 # the full runs: `cargo bench -p leasehold-redis --bench renew`,
 # `cargo bench -p leasehold-etcd --bench renew_rate`). Built in the test profile, so they
@@ -17,3 +19,4 @@ cargo test -p leasehold-redis --bench renew --locked
 cargo test -p leasehold-etcd --bench renew_rate --locked
 cargo test -p leasehold-tokio --bench many_leases --locked
 cargo test -p leasehold-redis --bench many_leases --locked
+cargo test -p leasehold-redis --features cluster --bench cluster_renew --locked

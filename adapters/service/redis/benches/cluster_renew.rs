@@ -1,0 +1,178 @@
+//! Renewals per second on a real local Redis Cluster (3 primaries + 3 replicas, which
+//! this binary starts): `leasehold-redis`'s cluster service against the same cluster
+//! driven raw through redis-rs's own cluster connection, in alternating rounds.
+//!
+//! ```text
+//! cargo bench -p leasehold-redis --features cluster --bench cluster_renew       # 3 rounds of 5 s
+//! LEASEHOLD_BENCH_SMOKE=1 cargo test -p leasehold-redis --features cluster --bench cluster_renew
+//! ```
+//!
+//! Each peer runs K closed-loop tasks (one renewal outstanding per lease; the keys
+//! spread over all slots) on one tokio thread; the six servers share the machine's
+//! cores. The raw peer sends `EVALSHA` of a plain compare-and-`PEXPIRE` script (no
+//! typed answer; its command built per renewal, as leasehold builds its key); leasehold sends its renew script
+//! through `LockService::renew`. Smoke mode runs K = 100 for a fraction of a second
+//! per peer and fails on any error.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::{Duration as StdDuration, Instant};
+
+use leasehold::{Duration, Fence, Identity, Owner, OwnerToken, RenewOutcome, Term};
+use leasehold_driver::LockService;
+use leasehold_redis::{Acquired, RedisClusterLockService, RedisLockService};
+use leasehold_test_support::RedisCluster;
+
+/// Long enough that no lease expires during the rounds.
+const TTL_MS: u64 = 86_400_000;
+
+const COMPARE_PEXPIRE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+";
+
+fn main() {
+    let smoke = std::env::var("LEASEHOLD_BENCH_SMOKE").is_ok_and(|v| v != "0");
+    let (k, secs, rounds) = if smoke {
+        (100, 0.3, 1)
+    } else {
+        (1_000, 5.0, 3)
+    };
+    let cluster = RedisCluster::start(3, 1);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async {
+        let token = Owner([0x42; 16]).token(Term(1));
+        let leasehold = RedisLockService::connect_cluster(cluster.urls())
+            .await
+            .expect("connect leasehold to the cluster");
+        let raw_client = redis::cluster::ClusterClient::builder(cluster.urls())
+            .response_timeout(StdDuration::from_secs(1))
+            .build()
+            .expect("cluster client");
+        let mut raw = raw_client
+            .get_async_connection()
+            .await
+            .expect("raw cluster connection");
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(COMPARE_PEXPIRE)
+            .query_async(&mut raw)
+            .await
+            .expect("SCRIPT LOAD");
+        for i in 0..k {
+            let granted = leasehold
+                .try_acquire(&format!("lh:{i}"), token, &Identity::EMPTY, ms(TTL_MS))
+                .await
+                .expect("leasehold acquire");
+            assert!(matches!(granted, Acquired::Granted { .. }), "{granted:?}");
+            let _: () = redis::cmd("SET")
+                .arg(format!("raw:{i}"))
+                .arg(raw_value(token))
+                .arg("PX")
+                .arg(TTL_MS)
+                .query_async(&mut raw)
+                .await
+                .expect("raw SET");
+        }
+
+        let mut ours = Vec::new();
+        let mut theirs = Vec::new();
+        for round in 0..rounds {
+            // Alternate which peer goes first.
+            for leasehold_turn in [round % 2 == 0, round % 2 != 0] {
+                if leasehold_turn {
+                    let leasehold = leasehold.clone();
+                    let renew = move |i| {
+                        let service = leasehold.clone();
+                        async move { renew_leasehold(&service, i, token).await }
+                    };
+                    ours.push(rate(k, secs, renew).await);
+                } else {
+                    let (raw, sha) = (raw.clone(), sha.clone());
+                    let renew = move |i| {
+                        let mut conn = raw.clone();
+                        let mut cmd = redis::cmd("EVALSHA");
+                        cmd.arg(&sha)
+                            .arg(1)
+                            .arg(format!("raw:{i}"))
+                            .arg(raw_value(token))
+                            .arg(TTL_MS);
+                        async move {
+                            let answer: i64 = cmd.query_async(&mut conn).await.expect("raw EVALSHA");
+                            assert_eq!(answer, 1, "raw EVALSHA refused");
+                        }
+                    };
+                    theirs.push(rate(k, secs, renew).await);
+                }
+            }
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (ours, theirs) = (median(ours), median(theirs));
+        println!("cluster_renew: K = {k}, {rounds} rounds of {secs} s, load average {}", load_average());
+        println!("| K | leasehold-redis cluster renew/s | redis-rs cluster EVALSHA compare-PEXPIRE /s | ratio |");
+        println!("|---:|---:|---:|---:|");
+        println!("| {k} | {ours:.0} | {theirs:.0} | {:.2} |", ours / theirs);
+    });
+}
+
+/// Renewals per second of `k` closed-loop tasks each repeating `renew(i)` for `secs`.
+async fn rate<F, Fut>(k: usize, secs: f64, renew: F) -> f64
+where
+    F: Fn(usize) -> Fut + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    let end = Instant::now() + StdDuration::from_secs_f64(secs);
+    let count = Rc::new(Cell::new(0u64));
+    let renew = Rc::new(renew);
+    let tasks: Vec<_> = (0..k)
+        .map(|i| {
+            let (count, renew) = (count.clone(), renew.clone());
+            tokio::task::spawn_local(async move {
+                while Instant::now() < end {
+                    renew(i).await;
+                    count.set(count.get() + 1);
+                }
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    for task in tasks {
+        task.await.expect("a renewing task");
+    }
+    count.get() as f64 / start.elapsed().as_secs_f64()
+}
+
+async fn renew_leasehold(service: &RedisClusterLockService, i: usize, token: OwnerToken) {
+    let key = format!("lh:{i}");
+    let answer = LockService::renew(service, &key, token, Fence(1), ms(TTL_MS)).await;
+    assert!(
+        matches!(answer, RenewOutcome::Renewed { .. }),
+        "leasehold renew: {answer:?}"
+    );
+}
+
+/// The raw peer's value: the same bytes as leasehold's (`<token>\n<fence>\n`, empty
+/// identity), so both scripts compare equally long strings.
+fn raw_value(token: OwnerToken) -> String {
+    format!("{}\n1\n", token.encode().as_str())
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|avg| avg.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
+}
