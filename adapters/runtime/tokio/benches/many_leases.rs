@@ -42,6 +42,7 @@ use leasehold::{
     RenewOutcome,
 };
 use leasehold_driver::LockService;
+use leasehold_test_support::bench::{bench_setting, load_average, process_cpu_time, quantile};
 use leasehold_tokio::memory::MemoryService;
 use leasehold_tokio::{acquire, LeaseEnd, LeaseHandle, LeaseSet};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
@@ -75,14 +76,14 @@ fn main() {
         .split(',')
         .filter_map(|n| n.trim().replace('_', "").parse().ok())
         .collect();
-    let ttl = StdDuration::from_millis(env_number("LEASEHOLD_BENCH_TTL_MS").unwrap_or(3_000));
+    let ttl = StdDuration::from_millis(bench_setting("LEASEHOLD_BENCH_TTL_MS", 3_000));
     let (sizes, ttl) = match (bench, from_args.is_empty(), from_env.is_empty()) {
         (false, true, true) => (vec![100], StdDuration::from_millis(300)), // smoke run
         (_, false, _) => (from_args, ttl),
         (_, true, false) => (from_env, ttl),
         (true, true, true) => (vec![1_000, 10_000, 100_000], ttl),
     };
-    let periods = env_number("LEASEHOLD_BENCH_PERIODS").map_or(MEASURED_PERIODS, |p| p as u32);
+    let periods = bench_setting("LEASEHOLD_BENCH_PERIODS", MEASURED_PERIODS.into()) as u32;
     let shapes = match std::env::var("LEASEHOLD_BENCH_SHAPE").as_deref() {
         Ok("task") => vec![Shape::Task],
         Ok("set") => vec![Shape::Set],
@@ -105,18 +106,6 @@ fn main() {
             assert_eq!(report.refused_after_loss, 0, "a check passed after a loss");
         }
     }
-}
-
-/// A number from the environment, `_` separators allowed; a value that does not
-/// parse is an error, not a silent default.
-fn env_number(name: &str) -> Option<u64> {
-    let value = std::env::var(name).ok()?;
-    Some(
-        value
-            .replace('_', "")
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={value}: expected a number")),
-    )
 }
 
 /// The in-memory service, timestamping what the bench needs.
@@ -304,11 +293,11 @@ fn run(n: usize, ttl: StdDuration, periods: u32, shape: Shape) -> Report {
 
         // Steady state: one period to settle, then measure.
         tokio::time::sleep(renew).await;
-        let cpu_before = cpu_time();
+        let cpu_before = process_cpu_time();
         probe.recording.store(true, Ordering::Relaxed);
         tokio::time::sleep(renew * periods).await;
         probe.recording.store(false, Ordering::Relaxed);
-        let cpu = cpu_time() - cpu_before;
+        let cpu = process_cpu_time() - cpu_before;
         let lateness: Vec<u32> = std::mem::take(&mut *probe.lateness_us.lock().unwrap());
         let cpu_per_renewal_us = cpu.as_secs_f64() * 1e6 / lateness.len().max(1) as f64;
         let lateness = Percentiles::of(lateness);
@@ -399,13 +388,9 @@ struct Percentiles {
 impl Percentiles {
     fn of(mut samples: Vec<u32>) -> Percentiles {
         samples.sort_unstable();
-        let at = |q: f64| {
-            let index = ((samples.len() as f64 - 1.0) * q).round() as usize;
-            samples.get(index).copied().unwrap_or(0)
-        };
         Percentiles {
-            p50: at(0.50),
-            p99: at(0.99),
+            p50: quantile(&samples, 0.50),
+            p99: quantile(&samples, 0.99),
             max: samples.last().copied().unwrap_or(0),
             count: samples.len(),
         }
@@ -428,22 +413,6 @@ impl Percentiles {
 
 fn ms(us: u32) -> String {
     format!("{:.2} ms", f64::from(us) / 1_000.0)
-}
-
-/// User + system CPU time of the whole process.
-fn cpu_time() -> StdDuration {
-    use nix::sys::resource::{getrusage, UsageWho};
-    let usage = getrusage(UsageWho::RUSAGE_SELF).expect("getrusage");
-    let micros = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
-    StdDuration::from_micros(micros(usage.user_time()) + micros(usage.system_time()))
-}
-
-/// The 1-minute load average: other work on the machine shows in the latencies.
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|avg| avg.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_else(|| "?".into())
 }
 
 /// Resident set size, from /proc (0 where there is none).

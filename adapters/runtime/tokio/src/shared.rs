@@ -9,6 +9,8 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+#[cfg(test)]
+use std::sync::Arc;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 
@@ -126,6 +128,19 @@ impl Shared {
                 events: None,
             }),
         }
+    }
+
+    /// A lease's shared state for the size tests: key `k`, TTL 3 s.
+    #[cfg(test)]
+    pub(crate) fn sample() -> Arc<Shared> {
+        let config = Config::builder(Duration::from_secs(3)).build().unwrap();
+        Arc::new(Shared::new(
+            "k".into(),
+            Owner([0; 16]),
+            Identity::EMPTY,
+            config,
+            LeaseClock::start(),
+        ))
     }
 
     fn status(&self) -> MutexGuard<'_, Status> {

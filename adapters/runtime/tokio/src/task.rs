@@ -87,11 +87,10 @@ impl Drop for Finish<'_> {
 mod tests {
     use std::sync::Arc;
 
-    use leasehold::{Config, Duration, Identity, Instant, Owner};
+    use leasehold::Instant;
 
     use crate::memory::MemoryService;
     use crate::shared::Shared;
-    use crate::LeaseClock;
 
     /// A driver task per lease is most of a lease's memory (tokio rounds a task up to
     /// 128 bytes): keep its future and the shared state from growing unnoticed. The
@@ -106,14 +105,7 @@ mod tests {
     /// contender has one) took the shared state from 464 to 376 B.
     #[tokio::test]
     async fn a_lease_task_and_its_shared_state_stay_small() {
-        let config = Config::builder(Duration::from_secs(3)).build().unwrap();
-        let shared = Arc::new(Shared::new(
-            "k".into(),
-            Owner([0; 16]),
-            Identity::EMPTY,
-            config,
-            LeaseClock::start(),
-        ));
+        let shared = Shared::sample();
         let timed = super::Timed {
             service: Arc::new(MemoryService::new()),
             shared,

@@ -21,7 +21,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{config, proxy_endpoint, service_on, EtcdCluster, Proxy};
-use leasehold_test_support::election::{bench_setting, failover_figures};
+use leasehold_test_support::bench::bench_setting;
+use leasehold_test_support::election::failover_figures;
 
 fn main() {
     // The shared test helpers log the crates' debug events unless told otherwise.

@@ -14,24 +14,22 @@
 //! through `LockService::renew`. Smoke mode runs K = 100 for a fraction of a second
 //! per peer and fails on any error.
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration as StdDuration, Instant};
 
-use leasehold::{Duration, Fence, Identity, Owner, OwnerToken, RenewOutcome, Term};
+use common::{ms, raw_value, COMPARE_PEXPIRE};
+use leasehold::{Fence, Identity, Owner, OwnerToken, RenewOutcome, Term};
 use leasehold_driver::LockService;
 use leasehold_redis::{Acquired, RedisClusterLockService, RedisLockService};
+use leasehold_test_support::bench::load_average;
 use leasehold_test_support::RedisCluster;
 
 /// Long enough that no lease expires during the rounds.
 const TTL_MS: u64 = 86_400_000;
-
-const COMPARE_PEXPIRE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-";
 
 fn main() {
     let smoke = std::env::var("LEASEHOLD_BENCH_SMOKE").is_ok_and(|v| v != "0");
@@ -158,21 +156,4 @@ async fn renew_leasehold(service: &RedisClusterLockService, i: usize, token: Own
         matches!(answer, RenewOutcome::Renewed { .. }),
         "leasehold renew: {answer:?}"
     );
-}
-
-/// The raw peer's value: the same bytes as leasehold's (`<token>\n<fence>\n`, empty
-/// identity), so both scripts compare equally long strings.
-fn raw_value(token: OwnerToken) -> String {
-    format!("{}\n1\n", token.encode().as_str())
-}
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|avg| avg.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_else(|| "?".into())
 }

@@ -21,7 +21,8 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use leasehold_test_support::election::{bench_setting, failover_figures};
+use leasehold_test_support::bench::bench_setting;
+use leasehold_test_support::election::failover_figures;
 
 fn main() {
     let ttl_ms = bench_setting("LEASEHOLD_BENCH_TTL_MS", 3_000);

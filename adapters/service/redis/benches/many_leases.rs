@@ -28,6 +28,7 @@ use leasehold::{
 };
 use leasehold_driver::LockService;
 use leasehold_redis::RedisLockService;
+use leasehold_test_support::bench::{bench_setting, load_average, process_cpu_time, quantile};
 use leasehold_test_support::RedisServer;
 use leasehold_tokio::{acquire, LeaseHandle, LeaseSet};
 
@@ -94,19 +95,12 @@ impl LockService for Schedule {
 
 fn main() {
     let smoke = std::env::var("LEASEHOLD_BENCH_SMOKE").is_ok_and(|v| v != "0");
-    let number = |name: &str, default: u64| -> u64 {
-        std::env::var(name).map_or(default, |v| {
-            v.replace('_', "")
-                .parse()
-                .unwrap_or_else(|_| panic!("{name}={v}: expected a number"))
-        })
-    };
     let (n, secs) = if smoke {
         (1_000, 5)
     } else {
         (
-            number("LEASEHOLD_BENCH_LEASES", 100_000),
-            number("LEASEHOLD_BENCH_SECS", 120),
+            bench_setting("LEASEHOLD_BENCH_LEASES", 100_000),
+            bench_setting("LEASEHOLD_BENCH_SECS", 120),
         )
     };
     let n = usize::try_from(n).expect("a lease count that fits in memory");
@@ -116,7 +110,7 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let ramp = StdDuration::from_millis(number("LEASEHOLD_BENCH_RAMP_MS", 1_000));
+    let ramp = StdDuration::from_millis(bench_setting("LEASEHOLD_BENCH_RAMP_MS", 1_000));
     let report = runtime.block_on(hold(&server.url(), n, StdDuration::from_secs(secs), ramp));
     println!(
         "many_leases on redis-server: {n} leases, TTL {} ms, held {secs} s, load average {}",
@@ -188,11 +182,11 @@ async fn hold(url: &str, n: usize, held: StdDuration, ramp: StdDuration) -> Repo
 
     // One interval to settle, then the held period.
     tokio::time::sleep(interval).await;
-    let cpu_before = cpu_time();
+    let cpu_before = process_cpu_time();
     schedule.recording.store(true, Ordering::Relaxed);
     tokio::time::sleep(held).await;
     schedule.recording.store(false, Ordering::Relaxed);
-    let cpu = cpu_time() - cpu_before;
+    let cpu = process_cpu_time() - cpu_before;
 
     let losses = leases.iter().filter(|lease| lease.end().is_some()).count();
     let retries = leases
@@ -201,13 +195,9 @@ async fn hold(url: &str, n: usize, held: StdDuration, ramp: StdDuration) -> Repo
         .sum();
     let mut lateness = std::mem::take(&mut *schedule.lateness_us.lock().unwrap());
     lateness.sort_unstable();
-    let at = |q: f64| {
-        let i = ((lateness.len() as f64 - 1.0) * q).round() as usize;
-        lateness.get(i).copied().unwrap_or(0)
-    };
     let report = Report {
         n,
-        lateness: [at(0.5), at(0.99), lateness.last().copied().unwrap_or(0)],
+        lateness: [0.5, 0.99, 1.0].map(|q| quantile(&lateness, q)),
         renewals_per_sec: lateness.len() as f64 / held.as_secs_f64(),
         cpu_per_renewal_us: cpu.as_secs_f64() * 1e6 / lateness.len().max(1) as f64,
         retries,
@@ -215,20 +205,4 @@ async fn hold(url: &str, n: usize, held: StdDuration, ramp: StdDuration) -> Repo
     };
     drop(leases); // each releases its key in the background
     report
-}
-
-/// User + system CPU time of this process.
-fn cpu_time() -> StdDuration {
-    use nix::sys::resource::{getrusage, UsageWho};
-    let usage = getrusage(UsageWho::RUSAGE_SELF).expect("getrusage");
-    let micros = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
-    StdDuration::from_micros(micros(usage.user_time()) + micros(usage.system_time()))
-}
-
-/// The 1-minute load average: other work on the machine shows in the latencies.
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|avg| avg.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_else(|| "?".into())
 }

@@ -45,14 +45,6 @@ use redis::aio::MultiplexedConnection;
 /// Long enough that no lease expires between its turns, however long the rounds.
 const TTL_MS: u64 = 86_400_000;
 
-/// The honest peer's script: compare the whole value, `PEXPIRE`.
-const COMPARE_PEXPIRE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-";
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Peer {
     Leasehold,
@@ -374,10 +366,6 @@ where
         }
         None
     })
-}
-
-fn raw_value(token: OwnerToken) -> String {
-    format!("{}\n1\n", token.encode().as_str())
 }
 
 /// What one peer did in one run.

@@ -336,20 +336,6 @@ pub async fn five_candidates_scenario<S: LockService + 'static>(
     );
 }
 
-/// A bench setting from the environment (`LEASEHOLD_BENCH_TTL_MS`, …), or `default`.
-///
-/// # Panics
-///
-/// When the variable is set but is not a whole number.
-pub fn bench_setting(name: &str, default: u64) -> u64 {
-    match std::env::var(name) {
-        Ok(text) => text
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={text:?}: expected a whole number")),
-        Err(_) => default,
-    }
-}
-
 /// The failover figures of the election benches, the same for every backend: five
 /// candidates (one service each, through `proxies`, same order); `rounds` stalls of
 /// the leader's connection (timed from the stall to another candidate's `campaign()`

@@ -30,6 +30,7 @@
 
 #![warn(missing_docs)]
 
+pub mod bench;
 mod binary;
 mod dirs;
 pub mod election;

@@ -430,12 +430,11 @@ fn revoked<S: LockService + 'static>(
 mod tests {
     use std::sync::Arc;
 
-    use leasehold::{Config, Duration, Fence, Identity, Lease, Owner};
+    use leasehold::{Fence, Lease};
 
     use super::{revoked, Entry};
     use crate::memory::MemoryService;
     use crate::shared::Shared;
-    use crate::LeaseClock;
 
     /// What a lease costs a set besides its shared state (the same as with a task of
     /// its own): its slot (the core, its request and watch, its deadline) and, for a
@@ -443,16 +442,9 @@ mod tests {
     /// a request is in flight.
     #[tokio::test]
     async fn a_lease_in_a_set_stays_small() {
-        let config = Config::builder(Duration::from_secs(3)).build().unwrap();
-        let shared = Arc::new(Shared::new(
-            "k".into(),
-            Owner([0; 16]),
-            Identity::EMPTY,
-            config,
-            LeaseClock::start(),
-        ));
+        let shared = Shared::sample();
         let service = Arc::new(MemoryService::new());
-        let lease = Lease::new(config);
+        let lease = Lease::new(shared.config);
         let watch = revoked(&service, &shared, &lease, Fence(1));
         let (entry, watch) = (size_of::<Option<Entry>>(), size_of_val(&*watch));
         println!(

@@ -485,3 +485,18 @@ pub async fn grant_renew_and_find_fence_1(
         Some(Fence(1))
     );
 }
+
+/// The raw peer's script in the renewal benches: compare the whole value, `PEXPIRE`
+/// (the honest floor a lease renewal can be compared with).
+pub const COMPARE_PEXPIRE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+";
+
+/// The raw peer's value: the same bytes as leasehold's (`<token>\n<fence>\n`, empty
+/// identity, fence 1), so both scripts compare equally long strings.
+pub fn raw_value(token: OwnerToken) -> String {
+    format!("{}\n1\n", token.encode().as_str())
+}
