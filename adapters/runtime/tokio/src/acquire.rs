@@ -310,7 +310,25 @@ impl Drop for Attempt {
 }
 
 /// `hostname:pid`, cut to fit: who holds a lease, in words a person can look up.
+/// Read once per process (a set that acquires a hundred thousand leases must not read
+/// the host name as many times); a forked child, whose pid differs, reads it again.
 pub(crate) fn default_identity() -> Identity {
+    static CACHED: std::sync::Mutex<Option<(u32, Identity)>> = std::sync::Mutex::new(None);
+    let pid = std::process::id();
+    let mut cached = CACHED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    match *cached {
+        Some((for_pid, identity)) if for_pid == pid => identity,
+        _ => {
+            let identity = read_identity(pid);
+            *cached = Some((pid, identity));
+            identity
+        }
+    }
+}
+
+fn read_identity(pid: u32) -> Identity {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .or_else(|_| std::fs::read_to_string("/etc/hostname"))
         .ok()
@@ -318,7 +336,7 @@ pub(crate) fn default_identity() -> Identity {
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".to_owned());
-    Identity::lossy(&format!("{host}:{}", std::process::id()))
+    Identity::lossy(&format!("{host}:{pid}"))
 }
 
 /// A fresh 128-bit owner from the operating system's random generator.

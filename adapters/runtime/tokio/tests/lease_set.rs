@@ -181,3 +181,86 @@ async fn a_set_spreads_its_leases_over_its_drivers_and_each_keeps_its_own_gate()
     assert!(set.try_acquire("b").await.is_err(), "b is still held");
     service.heal(Scope::All);
 }
+
+/// The in-memory service, counting the acquire requests in flight at once.
+#[derive(Default)]
+struct CountingAcquires {
+    service: MemoryService,
+    in_flight: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+}
+
+/// Takes one acquire off the count when its future ends, answered or dropped.
+struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl leasehold_driver::LockService for CountingAcquires {
+    fn acquire(
+        &self,
+        key: &str,
+        token: leasehold::OwnerToken,
+        identity: &leasehold::Identity,
+        ttl: leasehold::Duration,
+    ) -> impl std::future::Future<Output = leasehold::AcquireOutcome> + Send {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.in_flight.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(now, SeqCst);
+        let counted = InFlight(&self.in_flight);
+        async move {
+            let _counted = counted;
+            leasehold_driver::LockService::acquire(&self.service, key, token, identity, ttl).await
+        }
+    }
+
+    fn renew(
+        &self,
+        key: &str,
+        token: leasehold::OwnerToken,
+        fence: Fence,
+        ttl: leasehold::Duration,
+    ) -> impl std::future::Future<Output = leasehold::RenewOutcome> + Send {
+        leasehold_driver::LockService::renew(&self.service, key, token, fence, ttl)
+    }
+
+    fn release(
+        &self,
+        key: &str,
+        token: leasehold::OwnerToken,
+    ) -> impl std::future::Future<Output = leasehold::ReleaseOutcome> + Send {
+        leasehold_driver::LockService::release(&self.service, key, token)
+    }
+
+    fn holder(
+        &self,
+        key: &str,
+    ) -> impl std::future::Future<Output = leasehold::HolderOutcome> + Send {
+        leasehold_driver::LockService::holder(&self.service, key)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_acquires_goes_out_a_bounded_number_at_a_time() {
+    let service = Arc::new(CountingAcquires::default());
+    // 40 ms a round trip: 5,000 acquires all in flight at once would be the burst.
+    service.service.set_latency(Scope::All, ms(40));
+    let set = LeaseSet::with_drivers(service.clone(), config(900), 1);
+    let timeline = Timeline::start();
+    let acquires: Vec<_> = (0..5_000)
+        .map(|i| tokio::spawn(set.acquire(&format!("lease-{i}"))))
+        .collect();
+    let mut leases = Vec::with_capacity(acquires.len());
+    for acquire in acquires {
+        leases.push(acquire.await.unwrap().unwrap());
+    }
+    let most = service.most.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(most <= 256, "{most} acquires were in flight at once");
+    assert!(most >= 200, "the driver kept only {most} in flight");
+    // 5,000 / 256 rounds of 40 ms, not one round per lease.
+    assert!(timeline.now_ms() <= 1_000, "{} ms", timeline.now_ms());
+    assert!(leases.iter().all(|lease| lease.check().is_ok()));
+}

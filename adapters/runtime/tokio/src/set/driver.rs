@@ -12,7 +12,7 @@
 //! ([`LeaseWake`]) rather than by a task of their own.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -35,12 +35,22 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 /// a worker thread for all of it.
 const STEPS_PER_POLL: usize = 512;
 
+/// How many acquire requests one driver keeps in flight; leases handed over beyond
+/// that wait in the inbox until answers come back. A process that acquires a hundred
+/// thousand leases at once would otherwise put them all in flight in the same
+/// instant: the service's queue grows past the request timeout, every attempt times
+/// out and is retried, and nothing is granted (measured on Redis: 47,288 of 100,000
+/// leases lost). Waiting contenders between attempts do not count.
+const ACQUIRES_IN_FLIGHT: usize = 256;
+
 /// The driver task's future.
 pub(super) struct Driver<S> {
     service: Arc<S>,
     clock: LeaseClock,
     inbox: Arc<Inbox>,
     slots: Slots,
+    /// Leases whose acquire request is in flight (at most [`ACQUIRES_IN_FLIGHT`]).
+    acquiring: usize,
     /// Every lease's next deadline, earliest first. An entry is stale (skipped when
     /// popped) unless it is still its lease's [`Entry::due`]: a deadline is pushed once,
     /// when it changes, and never searched for.
@@ -50,7 +60,7 @@ pub(super) struct Driver<S> {
     sleeping_until: Option<Instant>,
     /// Taken from the inbox, not yet stepped (kept across polls when the step budget
     /// runs out).
-    new: Vec<Registration>,
+    new: VecDeque<Registration>,
     woken: Vec<u32>,
 }
 
@@ -127,6 +137,15 @@ struct Entry {
     release_seen: bool,
     /// The deadline last pushed to the heap for this lease.
     due: Option<Instant>,
+    /// Counted in the driver's acquires in flight.
+    counted: bool,
+}
+
+impl Entry {
+    /// An acquire request is in flight: while acquiring, the only request is one.
+    fn acquiring(&self) -> bool {
+        self.request.is_some() && matches!(self.lease.state(), State::Acquiring)
+    }
 }
 
 impl Drop for Entry {
@@ -151,10 +170,11 @@ impl<S: LockService + 'static> Driver<S> {
             clock,
             inbox,
             slots: Slots::default(),
+            acquiring: 0,
             timers: BinaryHeap::new(),
             sleep: Box::pin(tokio::time::sleep_until(clock.to_tokio(Instant::MAX))),
             sleeping_until: None,
-            new: Vec::new(),
+            new: VecDeque::new(),
             woken: Vec::new(),
         }
     }
@@ -182,6 +202,7 @@ impl<S: LockService + 'static> Driver<S> {
             watch: None,
             release_seen: false,
             due: None,
+            counted: false,
         };
         self.slots.put(slot, entry);
         self.step(slot);
@@ -194,7 +215,18 @@ impl<S: LockService + 'static> Driver<S> {
             return; // ended already; a late wake-up
         };
         entry.wake.looking();
-        if step(entry, slot, &self.service, &mut self.timers) == Step::Ended {
+        let outcome = step(entry, slot, &self.service, &mut self.timers);
+        // Counted in `acquiring` exactly while an acquire of this lease is in flight.
+        let acquiring = outcome == Step::Running && entry.acquiring();
+        if acquiring != entry.counted {
+            entry.counted = acquiring;
+            if acquiring {
+                self.acquiring += 1;
+            } else {
+                self.acquiring = self.acquiring.saturating_sub(1);
+            }
+        }
+        if outcome == Step::Ended {
             if let Some(entry) = self.slots.take(slot) {
                 entry.shared.record_core_stats(entry.lease.stats());
                 note_release(&self.service, &entry.shared);
@@ -243,15 +275,6 @@ impl<S: LockService + 'static> Future for Driver<S> {
             // once) must not delay a renewal that is due.
             let mut budget = this.fire_timers(STEPS_PER_POLL);
 
-            this.inbox.take_new(&mut this.new);
-            let starting = this.new.len().min(budget);
-            let mut new = std::mem::take(&mut this.new);
-            for registration in new.drain(..starting) {
-                this.start(registration);
-            }
-            this.new = new;
-            budget -= starting;
-
             this.inbox.take_woken(&mut this.woken);
             let waking = this.woken.len().min(budget);
             for i in 0..waking {
@@ -260,6 +283,17 @@ impl<S: LockService + 'static> Future for Driver<S> {
             }
             this.woken.drain(..waking);
             budget -= waking;
+
+            // New leases, as far as the acquires in flight allow (answers just
+            // stepped above made room, and a lease answered at once makes room again).
+            this.inbox.take_new(&mut this.new);
+            while budget > 0 && this.acquiring < ACQUIRES_IN_FLIGHT {
+                let Some(registration) = this.new.pop_front() else {
+                    break;
+                };
+                this.start(registration);
+                budget -= 1;
+            }
 
             if budget == 0 {
                 // More may be due: yield, and come straight back.

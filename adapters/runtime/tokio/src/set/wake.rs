@@ -6,6 +6,7 @@
 //! wake-up queues the lease's slot once until the driver has looked at it, so a
 //! lease woken a thousand times between two passes costs one look.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::Wake;
@@ -40,9 +41,9 @@ impl Inbox {
         self.driver.wake();
     }
 
-    /// Moves the leases handed over since the last call into `into`.
-    pub(super) fn take_new(&self, into: &mut Vec<Registration>) {
-        into.append(&mut lock(&self.new));
+    /// Moves the leases handed over since the last call to the back of `into`.
+    pub(super) fn take_new(&self, into: &mut VecDeque<Registration>) {
+        into.extend(lock(&self.new).drain(..));
     }
 
     /// Moves the slots woken since the last call into `into`.
