@@ -25,7 +25,7 @@ pub use keys::{FencedKeys, Keys};
 /// [`RedisLockService::fenced_read`] returns, shared with the SQL stores of
 /// `leasehold-storage`.
 pub use leasehold_storage::{Fenced, FencedWrite};
-pub use service::{Acquired, RedisLockService, Released, Renewed};
+pub use service::{Acquired, RedisLockService, Released, Renewed, MAX_IN_FLIGHT};
 
 /// The Lua scripts exactly as they are loaded into Redis (for audits, for
 /// `redis-benchmark`, or to `SCRIPT LOAD` them by hand). Each documents its keys,

@@ -12,6 +12,18 @@ use crate::error::{Op, ProtocolError, RedisLockError};
 use crate::keys::{FenceKey, FencedKeys, LockKey};
 use crate::scripts::{self, AcquireReply, ValuePrefix};
 
+/// How many script calls one service (all its clones) keeps on the wire at once; the
+/// rest wait in the client, in order.
+///
+/// Why: a Redis connection is one queue. Past the server's (or this client's)
+/// capacity, an unbounded queue grows until every request in it waits longer than
+/// the request timeout; each then times out and is retried while Redis still works
+/// through the stale copy, so the work done becomes useless and every lease is lost
+/// together. With the bound, the queue on the wire stays short (1,024 scripts are a
+/// few milliseconds of Redis's time), a call that runs out of time while waiting here
+/// is never sent, and the capacity goes to calls that can still be answered in time.
+pub const MAX_IN_FLIGHT: usize = 1024;
+
 /// The script arguments of a call that has none.
 const NO_ARGS: &[&str; 0] = &[];
 
@@ -26,6 +38,10 @@ const NO_ARGS: &[&str; 0] = &[];
 /// Requests are `EVALSHA` of scripts loaded once when the service is built; if
 /// Redis has forgotten a script (`SCRIPT FLUSH`, a restart, a failover to a replica
 /// that never saw it), the request reloads it and is retried once, transparently.
+///
+/// At most [`MAX_IN_FLIGHT`] calls are on the wire at once (all clones together);
+/// the rest wait in the client, inside their request timeout, and a call whose time
+/// runs out while it waits is never sent.
 #[derive(Clone)]
 pub struct RedisLockService<C = ConnectionManager> {
     conn: C,
@@ -44,6 +60,8 @@ struct Shared {
     raise_fence: Script,
     fenced_write: Script,
     reloads: AtomicU64,
+    /// Permits to have a script call on the wire ([`MAX_IN_FLIGHT`]).
+    in_flight: tokio::sync::Semaphore,
 }
 
 struct Script {
@@ -162,6 +180,7 @@ where
                 raise_fence: Script::new(scripts::RAISE_FENCE),
                 fenced_write: Script::new(scripts::FENCED_WRITE),
                 reloads: AtomicU64::new(0),
+                in_flight: tokio::sync::Semaphore::new(MAX_IN_FLIGHT),
             }),
         }
     }
@@ -416,7 +435,20 @@ where
         args: impl ToRedisArgs,
     ) -> Result<Value, RedisLockError> {
         let endpoint = self.shared.endpoint.as_str();
+        let started = tokio::time::Instant::now();
         let call = async {
+            // The semaphore is never closed, so this waits for a permit and never fails.
+            let _on_the_wire = self.shared.in_flight.acquire().await;
+            if let Some(after) = self.request_timeout {
+                if started.elapsed() >= after {
+                    // Out of time while waiting: never sent, nothing for Redis to do.
+                    return Err(RedisLockError::Timeout {
+                        op,
+                        endpoint: endpoint.to_owned(),
+                        after,
+                    });
+                }
+            }
             let mut cmd = redis::Cmd::with_capacity(8, 192);
             cmd.arg("EVALSHA")
                 .arg(script.sha.as_str())

@@ -11,7 +11,7 @@ use leasehold::{
     Term,
 };
 use leasehold_driver::LockService;
-use leasehold_redis::{Acquired, Keys, Released, Renewed};
+use leasehold_redis::{Acquired, Keys, RedisLockError, RedisLockService, Released, Renewed};
 use redis::AsyncCommands;
 
 fn token(owner: u8, term: u32) -> leasehold::OwnerToken {
@@ -586,4 +586,68 @@ fn a_missing_redis_server_binary_fails_naming_the_debian_package() {
         message.contains("Debian package `redis-server`"),
         "{message}"
     );
+}
+
+/// `calls` of `cmdstat_evalsha` in `INFO commandstats`: how many scripts Redis ran.
+fn scripts_run(server: &RedisServer) -> u64 {
+    let info = server.inline("INFO commandstats").expect("INFO answered");
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_stalled_server_is_sent_at_most_the_in_flight_bound_and_calls_that_time_out_waiting_are_never_sent(
+) {
+    const CALLS: usize = 10_000;
+    let server = RedisServer::start();
+    run_local(async {
+        let service = RedisLockService::builder(server.url())
+            .request_timeout(Some(std_ms(300)))
+            .connect()
+            .await
+            .unwrap();
+        let t = token(1, 1);
+        let granted = service
+            .try_acquire("k", t, &id("host-a:1"), ms(60_000))
+            .await;
+        assert!(
+            matches!(granted, Ok(Acquired::Granted { .. })),
+            "{granted:?}"
+        );
+        let before = scripts_run(&server);
+
+        // Redis stops (SIGSTOP) with ten thousand renewals to send. On the virtual
+        // clock, every call runs out of its 300 ms at the same instant.
+        server.pause();
+        tokio::time::pause();
+        let renewals = (0..CALLS).map(|_| service.try_renew("k", t, Fence(1), ms(60_000)));
+        let answers = futures::future::join_all(renewals).await;
+        tokio::time::resume();
+        server.resume();
+        assert!(
+            answers
+                .iter()
+                .all(|a| matches!(a, Err(RedisLockError::Timeout { .. }))),
+            "every call timed out"
+        );
+
+        // A PING on the same connection is answered after everything sent before it.
+        let mut conn = service.connection().clone();
+        let pong: String = redis::cmd("PING").query_async(&mut conn).await.unwrap();
+        assert_eq!(pong, "PONG");
+        let sent = scripts_run(&server) - before;
+        assert!(
+            (1..=leasehold_redis::MAX_IN_FLIGHT as u64).contains(&sent),
+            "{sent} of {CALLS} timed-out calls reached Redis"
+        );
+        // The connection is as good as before.
+        let renewed = service.try_renew("k", t, Fence(1), ms(60_000)).await;
+        assert!(
+            matches!(renewed, Ok(Renewed::Renewed { .. })),
+            "{renewed:?}"
+        );
+    });
 }

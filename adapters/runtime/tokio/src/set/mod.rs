@@ -33,6 +33,11 @@ use wake::{Inbox, Registration};
 /// last handle. A slow or stuck request of one lease never delays another: requests
 /// run concurrently, and the driver only steps leases that are due or woken.
 ///
+/// A burst of acquires is paced: each driver keeps at most 256 acquire requests in
+/// flight and starts the next lease as an answer comes back, so a hundred thousand
+/// acquires at once reach the service at its own speed rather than all together
+/// (where they would wait in its queue past the request timeout and be sent again).
+///
 /// Leases outlive the `LeaseSet` value: dropping it stops new acquires, and its
 /// driver tasks end once their last lease has. Create it inside a tokio runtime; its
 /// drivers run on that runtime.
