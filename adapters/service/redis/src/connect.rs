@@ -12,6 +12,7 @@ use crate::service::RedisLockService;
 pub struct Builder {
     url: String,
     request_timeout: Option<std::time::Duration>,
+    max_in_flight: usize,
     connect_timeout: std::time::Duration,
     reconnect_min_delay: std::time::Duration,
     reconnect_max_delay: std::time::Duration,
@@ -28,6 +29,7 @@ impl RedisLockService {
         Builder {
             url: url.into(),
             request_timeout: Some(std::time::Duration::from_secs(1)),
+            max_in_flight: crate::MAX_IN_FLIGHT,
             connect_timeout: std::time::Duration::from_millis(500),
             reconnect_min_delay: std::time::Duration::from_millis(10),
             reconnect_max_delay: std::time::Duration::from_millis(100),
@@ -69,6 +71,14 @@ impl Builder {
         self
     }
 
+    /// At most `calls` script calls on the wire at once (default
+    /// [`MAX_IN_FLIGHT`](crate::MAX_IN_FLIGHT)); see
+    /// [`RedisLockService::with_max_in_flight`].
+    pub fn max_in_flight(mut self, calls: usize) -> Self {
+        self.max_in_flight = calls;
+        self
+    }
+
     /// Bound on each TCP (and TLS) connection attempt (default 500 ms).
     pub fn connect_timeout(mut self, timeout: std::time::Duration) -> Self {
         self.connect_timeout = timeout;
@@ -106,7 +116,10 @@ impl Builder {
             .map_err(|e| RedisLockError::from_redis(Op::Connect, &endpoint, e))?;
         RedisLockService::from_connection_at(conn, &endpoint)
             .await
-            .map(|s| s.with_request_timeout(self.request_timeout))
+            .map(|s| {
+                s.with_request_timeout(self.request_timeout)
+                    .with_max_in_flight(self.max_in_flight)
+            })
     }
 
     /// The service, without connecting: the first request connects (and every
@@ -127,7 +140,8 @@ impl Builder {
         let manager = ConnectionManager::new_lazy_with_config(client, config)
             .map_err(|e| RedisLockError::from_redis(Op::Connect, &endpoint, e))?;
         Ok(RedisLockService::unloaded(manager, &endpoint)
-            .with_request_timeout(self.request_timeout))
+            .with_request_timeout(self.request_timeout)
+            .with_max_in_flight(self.max_in_flight))
     }
 
     /// The client for the URL (checked, with TLS roots when set), the connection

@@ -12,8 +12,9 @@ use crate::error::{Op, ProtocolError, RedisLockError};
 use crate::keys::{FenceKey, FencedKeys, LockKey};
 use crate::scripts::{self, AcquireReply, ValuePrefix};
 
-/// How many script calls one service (all its clones) keeps on the wire at once; the
-/// rest wait in the client, in order.
+/// How many script calls one service (all its clones) keeps on the wire at once by
+/// default ([`Builder::max_in_flight`](crate::Builder::max_in_flight)); the rest wait
+/// in the client, in order.
 ///
 /// Why: a Redis connection is one queue. Past the server's (or this client's)
 /// capacity, an unbounded queue grows until every request in it waits longer than
@@ -39,7 +40,8 @@ const NO_ARGS: &[&str; 0] = &[];
 /// Redis has forgotten a script (`SCRIPT FLUSH`, a restart, a failover to a replica
 /// that never saw it), the request reloads it and is retried once, transparently.
 ///
-/// At most [`MAX_IN_FLIGHT`] calls are on the wire at once (all clones together);
+/// At most [`MAX_IN_FLIGHT`] calls (or [`with_max_in_flight`](Self::with_max_in_flight))
+/// are on the wire at once (all clones together);
 /// the rest wait in the client, inside their request timeout, and a call whose time
 /// runs out while it waits is never sent.
 #[derive(Clone)]
@@ -47,6 +49,8 @@ pub struct RedisLockService<C = ConnectionManager> {
     conn: C,
     request_timeout: Option<std::time::Duration>,
     shared: Arc<Shared>,
+    /// Permits to have a script call on the wire ([`MAX_IN_FLIGHT`] by default).
+    in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 /// What every clone shares.
@@ -60,8 +64,6 @@ struct Shared {
     raise_fence: Script,
     fenced_write: Script,
     reloads: AtomicU64,
-    /// Permits to have a script call on the wire ([`MAX_IN_FLIGHT`]).
-    in_flight: tokio::sync::Semaphore,
 }
 
 struct Script {
@@ -180,8 +182,8 @@ where
                 raise_fence: Script::new(scripts::RAISE_FENCE),
                 fenced_write: Script::new(scripts::FENCED_WRITE),
                 reloads: AtomicU64::new(0),
-                in_flight: tokio::sync::Semaphore::new(MAX_IN_FLIGHT),
             }),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
         }
     }
 
@@ -189,6 +191,17 @@ where
     #[must_use]
     pub fn with_request_timeout(mut self, timeout: Option<std::time::Duration>) -> Self {
         self.request_timeout = timeout;
+        self
+    }
+
+    /// Keeps at most `calls` script calls on the wire at once (all clones made after
+    /// this together; default [`MAX_IN_FLIGHT`]); at least 1. Lower it when Redis is
+    /// shared with other work, raise it for a remote Redis whose round trip is long
+    /// against its service time.
+    #[must_use]
+    pub fn with_max_in_flight(mut self, calls: usize) -> Self {
+        let calls = calls.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+        self.in_flight = Arc::new(tokio::sync::Semaphore::new(calls));
         self
     }
 
@@ -438,7 +451,7 @@ where
         let started = tokio::time::Instant::now();
         let call = async {
             // The semaphore is never closed, so this waits for a permit and never fails.
-            let _on_the_wire = self.shared.in_flight.acquire().await;
+            let _on_the_wire = self.in_flight.acquire().await;
             if let Some(after) = self.request_timeout {
                 if started.elapsed() >= after {
                     // Out of time while waiting: never sent, nothing for Redis to do.

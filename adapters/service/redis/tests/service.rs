@@ -601,14 +601,23 @@ fn scripts_run(server: &RedisServer) -> u64 {
 #[test]
 fn a_stalled_server_is_sent_at_most_the_in_flight_bound_and_calls_that_time_out_waiting_are_never_sent(
 ) {
+    // The default bound, and one set in the builder.
+    for bound in [None, Some(100)] {
+        stalled_server_sees_at_most(bound);
+    }
+}
+
+fn stalled_server_sees_at_most(bound: Option<usize>) {
     const CALLS: usize = 10_000;
+    let most = bound.unwrap_or(leasehold_redis::MAX_IN_FLIGHT) as u64;
     let server = RedisServer::start();
     run_local(async {
-        let service = RedisLockService::builder(server.url())
-            .request_timeout(Some(std_ms(300)))
-            .connect()
-            .await
-            .unwrap();
+        let mut builder =
+            RedisLockService::builder(server.url()).request_timeout(Some(std_ms(300)));
+        if let Some(bound) = bound {
+            builder = builder.max_in_flight(bound);
+        }
+        let service = builder.connect().await.unwrap();
         let t = token(1, 1);
         let granted = service
             .try_acquire("k", t, &id("host-a:1"), ms(60_000))
@@ -640,7 +649,7 @@ fn a_stalled_server_is_sent_at_most_the_in_flight_bound_and_calls_that_time_out_
         assert_eq!(pong, "PONG");
         let sent = scripts_run(&server) - before;
         assert!(
-            (1..=leasehold_redis::MAX_IN_FLIGHT as u64).contains(&sent),
+            (1..=most).contains(&sent),
             "{sent} of {CALLS} timed-out calls reached Redis"
         );
         // The connection is as good as before.
