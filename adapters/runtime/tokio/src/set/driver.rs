@@ -234,8 +234,8 @@ impl<S: LockService + 'static> Driver<S> {
         }
     }
 
-    /// Fires the deadlines that have passed, up to `budget` of them; returns what is
-    /// left of the budget.
+    /// Fires the deadlines that have passed, up to `budget` of them (each lease's
+    /// ready input first); returns what is left of the budget.
     fn fire_timers(&mut self, mut budget: usize) -> usize {
         let now = self.clock.now();
         while budget > 0 {
@@ -252,12 +252,21 @@ impl<S: LockService + 'static> Driver<S> {
             if entry.due != Some(at) {
                 continue; // stale: the lease moved on
             }
-            entry.due = None;
-            entry
-                .lease
-                .handle_timeout(entry.shared.clock.now(), &entry.shared.gate);
-            self.step(slot);
             budget -= 1;
+            // An answer that is already in comes before the deadline, as in the
+            // single-lease loop (which polls the request before its timer): a refusal
+            // that arrived at the instant its request timed out must end the lease,
+            // not be dropped with the request.
+            self.step(slot);
+            let Some(entry) = self.slots.get_mut(slot) else {
+                continue; // that answer ended the term
+            };
+            let now = entry.shared.clock.now();
+            if entry.lease.poll_timeout().is_some_and(|next| next <= now) {
+                entry.due = None;
+                entry.lease.handle_timeout(now, &entry.shared.gate);
+                self.step(slot);
+            }
         }
         budget
     }

@@ -243,6 +243,35 @@ async fn not_owner_loses_the_lease_on_that_very_answer() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_refusal_that_comes_in_as_its_request_times_out_is_acted_on() {
+    let timeline = Timeline::start();
+    let service = Recording::new();
+    let a = acquire(service.clone(), KEY, config(900)).await.unwrap();
+
+    timeline.until(100).await;
+    service.expire_now(KEY).unwrap();
+    let b = try_acquire(service.clone(), KEY, config(900))
+        .await
+        .unwrap();
+    // A's renewal, sent at 300, is answered NotOwner at 390: the very instant its
+    // 90 ms request timeout runs out. An answer that is in counts before the timeout,
+    // as the single-lease loop polls the request before its timer.
+    service.set_latency(leasehold_tokio::memory::Scope::All, ms(90));
+
+    assert_eq!(
+        within(3_000, a.lost()).await,
+        LeaseEnd::Lost(LossReason::NotOwner)
+    );
+    assert_eq!(
+        timeline.now_ms(),
+        390,
+        "lost on the answer, not after a retry"
+    );
+    assert_eq!(service.sent_ms(&timeline, a.token(), Kind::Renew), [300]);
+    assert_eq!(b.check(), Ok(Fence(2)));
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_external_revocation_loses_the_lease_at_once() {
     let timeline = Timeline::start();
     let service = Recording::new();
