@@ -13,7 +13,11 @@
 //! primary failing over stalls the renewals of every lease in the cluster past their
 //! budget (measured: all 6,644 leases on the two healthy primaries expired). Here a
 //! dead node fails only the requests for its own slots, at once, while a background
-//! refresh (one at a time) learns which replica took over.
+//! refresh (one at a time) learns which replica took over. A node that hangs instead
+//! (a partition, a stopped host: its connections stay open and nothing fails) is
+//! noticed by its requests going unanswered until their timeout: each such request
+//! asks for the same background refresh. Commands sent to every node are bounded per
+//! node, so a hung node delays a `SCRIPT LOAD` by at most 500 ms.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -201,8 +205,10 @@ impl ConnectionLike for ClusterConnection {
                 Some(slot) => router.node_for(slot).await?,
                 None => router.any_node()?,
             };
+            let unanswered = Unanswered::new(&router);
             let mut conn = router.connect(&node).await?;
             let answer = conn.req_packed_commands(pipeline, offset, count).await;
+            unanswered.answered();
             router.note(&node, answer)
         })
     }
@@ -253,8 +259,9 @@ impl Router {
         }
     }
 
-    /// Sends `cmd` to every node; the first success answers (a dead node must not
-    /// fail a `SCRIPT LOAD` that every live node took).
+    /// Sends `cmd` to every node, each bounded by [`NODE_TIMEOUT`]; the first success
+    /// answers (a dead or hung node must not fail, or hold up forever, a `SCRIPT LOAD`
+    /// that every live node took).
     async fn send_to_all(self: &Arc<Self>, cmd: &Cmd) -> Result<Value, RedisError> {
         let nodes = self.read().nodes.clone();
         let mut answer = Err(RedisError::from((
@@ -262,7 +269,11 @@ impl Router {
             "no cluster node known",
         )));
         for node in nodes {
-            let this = self.query(&node, cmd).await;
+            let this = tokio::time::timeout(NODE_TIMEOUT, self.query(&node, cmd))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(RedisError::from((ErrorKind::Io, "the node did not answer")))
+                });
             if answer.is_err() {
                 answer = this;
             }
@@ -271,12 +282,14 @@ impl Router {
     }
 
     async fn query(self: &Arc<Self>, node: &Arc<Node>, cmd: &Cmd) -> Result<Value, RedisError> {
+        let unanswered = Unanswered::new(self);
         let mut conn = self.connect(node).await?;
         // A server's error comes back as a value; as an error, a redirection is seen.
         let answer = conn
             .req_packed_command(cmd)
             .await
             .and_then(Value::extract_error);
+        unanswered.answered();
         self.note(node, answer)
     }
 
@@ -413,13 +426,17 @@ impl Router {
         }
     }
 
-    /// Re-reads the slot map in the background, unless that is already happening.
+    /// Re-reads the slot map in the background, unless that is already happening (or
+    /// there is no runtime to do it on: a request dropped as its runtime shuts down).
     fn refresh_soon(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         if self.refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
         let router = Arc::clone(self);
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             let _ = router.refresh().await;
             tokio::time::sleep(REFRESH_PAUSE).await;
             router.refreshing.store(false, Ordering::Release);
@@ -459,7 +476,11 @@ impl Router {
                     *node.conn.lock().unwrap_or_else(PoisonError::into_inner) = None;
                     last = error;
                 }
-                Err(_) => last = RedisError::from((ErrorKind::Io, "CLUSTER SLOTS timed out")),
+                Err(_) => {
+                    // Hung, most likely: the next request to it connects afresh.
+                    *node.conn.lock().unwrap_or_else(PoisonError::into_inner) = None;
+                    last = RedisError::from((ErrorKind::Io, "CLUSTER SLOTS timed out"));
+                }
             }
         }
         Err(last)
@@ -499,6 +520,36 @@ impl Router {
             }
         }
         *map = SlotMap { owner, nodes };
+    }
+}
+
+/// Asks for a fresh slot map when the request it guards is dropped unanswered: the
+/// caller's timeout gave up on a node. That is how a node that vanished without
+/// closing its connections (a partition, a hung host) looks: no error ever comes,
+/// and without this the map would point at it until TCP gave up, minutes later,
+/// long after its replica took over.
+struct Unanswered<'a> {
+    router: Option<&'a Arc<Router>>,
+}
+
+impl<'a> Unanswered<'a> {
+    fn new(router: &'a Arc<Router>) -> Unanswered<'a> {
+        Unanswered {
+            router: Some(router),
+        }
+    }
+
+    /// The request came back (answer or error): nothing to do on drop.
+    fn answered(mut self) {
+        self.router = None;
+    }
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if let Some(router) = self.router {
+            router.refresh_soon();
+        }
     }
 }
 

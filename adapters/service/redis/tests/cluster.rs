@@ -10,6 +10,8 @@
 //!   that takes its key next gets a newer fence (the replica had every grant: the
 //!   test waits for replication before the kill) while the old holder's `check()`
 //!   already refuses.
+//! * A primary that hangs (SIGSTOP: its connections stay open, nothing ever fails on
+//!   them): once its replica takes over, requests for its slots reach the replica.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -208,5 +210,48 @@ async fn ten_thousand_leases_ride_out_a_failover_and_a_slot_migration() {
     println!(
         "migration: all {} leases on the 300 moved slots survived",
         moved_leases.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_that_stops_answering_is_routed_around_once_its_replica_takes_over() {
+    use leasehold::{Identity, Owner, Term};
+    use leasehold_redis::Acquired;
+
+    let (mut cluster, service) = start_cluster().await;
+    let who = Identity::new("test:1").unwrap();
+    let ttl = Duration::from_secs(3);
+    // Two keys on the same primary: one used before it hangs (so the client holds an
+    // open connection to it), one asked for after its replica took over.
+    let victim = tokio::task::block_in_place(|| cluster.primary_of(slot("orders"))).unwrap();
+    let other = (0..)
+        .map(|i| format!("k-{i}"))
+        .find(|name| tokio::task::block_in_place(|| cluster.primary_of(slot(name))) == Some(victim))
+        .unwrap();
+    let first = service
+        .try_acquire("orders", Owner([1; 16]).token(Term(1)), &who, ttl)
+        .await;
+    assert!(matches!(first, Ok(Acquired::Granted { .. })), "{first:?}");
+
+    // SIGSTOP: its connections stay open and nothing ever answers or fails on them.
+    cluster.pause(victim);
+    tokio::task::block_in_place(|| cluster.wait_settled(3));
+
+    // The replica serves the slots now; the client must find that out by itself,
+    // from its requests to the old primary going unanswered.
+    let give_up = tokio::time::Instant::now() + StdDuration::from_secs(10);
+    let token = Owner([2; 16]).token(Term(1));
+    let granted = loop {
+        match service.try_acquire(&other, token, &who, ttl).await {
+            Ok(Acquired::Granted { .. }) => break true,
+            _ if tokio::time::Instant::now() >= give_up => break false,
+            // Each failed attempt has already waited out its 1 s request timeout.
+            _ => {}
+        }
+    };
+    cluster.resume(victim);
+    assert!(
+        granted,
+        "requests for the hung primary's slots never reached its promoted replica"
     );
 }

@@ -34,6 +34,8 @@ pub struct ClusterNode {
 /// (`cluster-require-full-coverage no`).
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    /// Ports of nodes stopped with SIGSTOP: alive, but answering nobody.
+    paused: Vec<u16>,
 }
 
 impl RedisCluster {
@@ -48,7 +50,10 @@ impl RedisCluster {
                 })
             })
             .collect();
-        let cluster = RedisCluster { nodes };
+        let cluster = RedisCluster {
+            nodes,
+            paused: Vec::new(),
+        };
         let mut create = Command::new(redis_cli());
         create.arg("--cluster").arg("create");
         for node in &cluster.nodes {
@@ -80,11 +85,33 @@ impl RedisCluster {
         }
     }
 
-    /// The cluster as a live node sees it.
-    pub fn topology(&self) -> Vec<ClusterNode> {
+    /// Stops the node on `port` with SIGSTOP: its connections stay open and it answers
+    /// nobody (a partition, a hung host), until [`resume`](Self::resume).
+    pub fn pause(&mut self, port: u16) {
+        if let Some(node) = self.nodes.iter().find(|n| n.port() == port) {
+            node.pause();
+            self.paused.push(port);
+        }
+    }
+
+    /// Lets a paused node run again.
+    pub fn resume(&mut self, port: u16) {
+        if let Some(node) = self.nodes.iter().find(|n| n.port() == port) {
+            node.resume();
+            self.paused.retain(|&p| p != port);
+        }
+    }
+
+    /// The nodes that can answer: running and not paused.
+    fn answering(&self) -> impl Iterator<Item = &RedisServer> {
         self.nodes
             .iter()
-            .filter(|n| n.is_running())
+            .filter(|n| n.is_running() && !self.paused.contains(&n.port()))
+    }
+
+    /// The cluster as a live node sees it.
+    pub fn topology(&self) -> Vec<ClusterNode> {
+        self.answering()
             .find_map(|n| n.inline("CLUSTER NODES"))
             .map(|reply| parse_nodes(&reply))
             .unwrap_or_default()
@@ -92,11 +119,7 @@ impl RedisCluster {
 
     /// The slot of `key` as the cluster computes it (`CLUSTER KEYSLOT`).
     pub fn slot_of(&self, key: &str) -> u16 {
-        let live = self
-            .nodes
-            .iter()
-            .find(|n| n.is_running())
-            .expect("a live node");
+        let live = self.answering().next().expect("a live node");
         let reply = live
             .inline(&format!("CLUSTER KEYSLOT {key}"))
             .expect("CLUSTER KEYSLOT");
@@ -132,7 +155,7 @@ impl RedisCluster {
                 .flat_map(|n| n.slots.iter())
                 .map(|&(a, b)| u32::from(b - a) + 1)
                 .sum();
-            let ok = self.nodes.iter().filter(|n| n.is_running()).all(|n| {
+            let ok = self.answering().all(|n| {
                 n.inline("CLUSTER INFO")
                     .is_some_and(|info| info.contains("cluster_state:ok"))
             });
