@@ -11,7 +11,7 @@ use std::sync::Arc;
 use common::{config, ms, within, Kind, Recording, Timeline};
 use leasehold::{Fence, LossReason};
 use leasehold_tokio::memory::{MemoryService, Scope};
-use leasehold_tokio::{CheckError, LeaseEnd, LeaseHandle, LeaseSet};
+use leasehold_tokio::{AcquireError, CheckError, LeaseEnd, LeaseHandle, LeaseSet};
 
 mod shape {
     use std::future::Future;
@@ -263,4 +263,31 @@ async fn a_burst_of_acquires_goes_out_a_bounded_number_at_a_time() {
     // 5,000 / 256 rounds of 40 ms, not one round per lease.
     assert!(timeline.now_ms() <= 1_000, "{} ms", timeline.now_ms());
     assert!(leases.iter().all(|lease| lease.check().is_ok()));
+}
+
+#[test]
+fn an_acquire_on_a_set_whose_runtime_is_gone_ends_at_once_as_driver_stopped() {
+    let paused = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+    };
+    let first = paused();
+    let set = first.block_on(async {
+        let set = LeaseSet::with_drivers(Arc::new(MemoryService::new()), config(900), 1);
+        // The driver runs (and holds nothing yet).
+        tokio::task::yield_now().await;
+        set
+    });
+    drop(first); // the driver task goes with its runtime; the set does not
+    let second = paused();
+    // On a paused clock a hang would run into the bound at once, not after 60 s.
+    let outcome =
+        second.block_on(async { tokio::time::timeout(ms(60_000), set.acquire("k")).await });
+    assert!(
+        matches!(outcome, Ok(Err(AcquireError::DriverStopped))),
+        "{outcome:?}"
+    );
 }

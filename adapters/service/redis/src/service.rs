@@ -23,6 +23,9 @@ use crate::scripts::{self, AcquireReply, ValuePrefix};
 /// together. With the bound, the queue on the wire stays short (1,024 scripts are a
 /// few milliseconds of Redis's time), a call that runs out of time while waiting here
 /// is never sent, and the capacity goes to calls that can still be answered in time.
+/// A call whose caller gives up after sending it frees its place at once although
+/// Redis will still run it: while Redis is stalled, each round of timeouts can add
+/// up to this many more to its queue (rather than every retry of every lease).
 pub const MAX_IN_FLIGHT: usize = 1024;
 
 /// The script arguments of a call that has none.

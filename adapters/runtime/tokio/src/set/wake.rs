@@ -25,7 +25,7 @@ pub(super) struct Registration {
 /// What reaches one driver task from outside it.
 #[derive(Default)]
 pub(super) struct Inbox {
-    new: Mutex<Vec<Registration>>,
+    new: Mutex<NewLeases>,
     /// Slots of leases woken since the driver last looked.
     woken: Mutex<Vec<u32>>,
     /// The driver task's waker.
@@ -34,16 +34,37 @@ pub(super) struct Inbox {
     closed: AtomicBool,
 }
 
+/// Leases handed over and not yet taken, and whether anyone ever will take them.
+#[derive(Default)]
+struct NewLeases {
+    waiting: Vec<Registration>,
+    /// The driver is gone (its runtime shut down, or a service future panicked in
+    /// it): a lease handed over now would wait for ever.
+    abandoned: bool,
+}
+
 impl Inbox {
-    /// Hands `lease` to the driver.
+    /// Hands `lease` to the driver; if the driver is gone, its acquire ends at once
+    /// as "driver stopped".
     pub(super) fn register(&self, lease: Registration) {
-        lock(&self.new).push(lease);
-        self.driver.wake();
+        let refused = {
+            let mut new = lock(&self.new);
+            if new.abandoned {
+                Some(lease)
+            } else {
+                new.waiting.push(lease);
+                None
+            }
+        };
+        match refused {
+            Some(lease) => lease.shared.finish(),
+            None => self.driver.wake(),
+        }
     }
 
     /// Moves the leases handed over since the last call to the back of `into`.
     pub(super) fn take_new(&self, into: &mut VecDeque<Registration>) {
-        into.extend(lock(&self.new).drain(..));
+        into.extend(lock(&self.new).waiting.drain(..));
     }
 
     /// Moves the slots woken since the last call into `into`.
@@ -64,10 +85,15 @@ impl Inbox {
         self.closed.load(Ordering::Acquire)
     }
 
-    /// Leases handed over but never started (the driver is gone): their acquires end
-    /// as "driver stopped".
+    /// The driver is gone: leases handed over but never started, and any handed over
+    /// from now on, end their acquires as "driver stopped".
     pub(super) fn abandon(&self) {
-        for lease in lock(&self.new).drain(..) {
+        let waiting = {
+            let mut new = lock(&self.new);
+            new.abandoned = true;
+            std::mem::take(&mut new.waiting)
+        };
+        for lease in waiting {
             lease.shared.finish();
         }
     }
