@@ -40,7 +40,11 @@ use wake::{Inbox, Registration};
 ///
 /// Leases outlive the `LeaseSet` value: dropping it stops new acquires, and its
 /// driver tasks end once their last lease has. Create it inside a tokio runtime; its
-/// drivers run on that runtime.
+/// drivers run on that runtime. If a driver stops (the runtime shuts down, or a
+/// service future panics inside it), every lease it drove ends as
+/// [`LeaseEnd::DriverStopped`](crate::LeaseEnd::DriverStopped) with its gate closed,
+/// and a new acquire that lands on it fails at once the same way: a panic costs the
+/// leases of one driver, where with a task per lease it costs one lease.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
