@@ -98,6 +98,9 @@ pub struct Lease {
     stats: Stats,
     /// Xorshift state for the jitter of acquire retries; never zero.
     jitter: u32,
+    /// Sequence (low half of the id) of the acquire that earned this term's grant:
+    /// only ids after it can be this term's renewals.
+    grant_seq: u32,
     state: State,
     in_flight: Option<RequestKind>,
     flags: Flags,
@@ -116,6 +119,10 @@ impl Flags {
     /// An acquire of this term was sent and not refused since: the service may have
     /// granted it, so giving up or releasing must send a release.
     const MAYBE_GRANTED: u8 = 4;
+    /// An acquire of this term went unanswered (timed out, or its outcome unknown):
+    /// it may still be applied later, whatever later attempts are told, so the term
+    /// stays [`MAYBE_GRANTED`](Self::MAYBE_GRANTED) to its end.
+    const UNANSWERED_ACQUIRE: u8 = 8;
 
     const fn get(self, flag: u8) -> bool {
         self.0 & flag != 0
@@ -387,6 +394,7 @@ impl Lease {
                 overwritten_events: 0,
             },
             jitter: DEFAULT_JITTER_SEED,
+            grant_seq: 0,
             state: State::Idle,
             in_flight: None,
             flags: Flags(0),
@@ -513,9 +521,16 @@ impl Lease {
     /// The term ends in `Released` whatever the release's outcome, at the latest one
     /// request timeout later. While acquiring, a release is sent if any acquire of the
     /// term may have been granted (one in flight, or one whose answer never came);
-    /// otherwise the term is released at once.
+    /// otherwise the term is released at once. Past the safe deadline (not yet fired
+    /// by [`handle_timeout`](Self::handle_timeout)) the term has already ended: it
+    /// ends as `Lost(Expired)`, with the same best-effort release.
     pub fn release(&mut self, now: Instant, gate: &WriteGate) -> Result<(), NotActive> {
         let now = self.advance(now);
+        // A term past its safe deadline ended there, whether or not the driver has
+        // said so yet: it is reported lost (with its release), not released.
+        if self.expire_if_due(now, gate) {
+            return Ok(());
+        }
         match self.state {
             State::Acquiring | State::Holding | State::RenewPending => {}
             State::Releasing => return Ok(()),
@@ -812,6 +827,7 @@ impl Lease {
             AcquireOutcome::Granted { fence, ttl } => {
                 self.fence = fence;
                 self.granted = ttl;
+                self.grant_seq = self.last_id as u32;
                 if !self.config.accepts_grant(ttl) {
                     // The gate never opens; the grant is ours, so free it for others.
                     self.give_up(now, AcquireFailure::GrantTooShort);
@@ -827,17 +843,25 @@ impl Lease {
                 }
             }
             AcquireOutcome::HeldByAnother(_) => {
-                self.flags.set(Flags::MAYBE_GRANTED, false);
+                self.answered_no();
                 self.acquire_failed(now, AcquireFailure::HeldByAnother);
             }
             AcquireOutcome::Refused(why) => {
-                self.flags.set(Flags::MAYBE_GRANTED, false);
+                self.answered_no();
                 self.give_up(now, AcquireFailure::Refused(why));
             }
             AcquireOutcome::Indeterminate(why) => {
+                self.flags.set(Flags::UNANSWERED_ACQUIRE, true);
                 self.acquire_failed(now, AcquireFailure::Indeterminate(why));
             }
         }
+    }
+
+    /// The acquire in flight was answered "no": it granted nothing, but an earlier
+    /// attempt whose answer never came still may have.
+    fn answered_no(&mut self) {
+        let earlier = self.flags.get(Flags::UNANSWERED_ACQUIRE);
+        self.flags.set(Flags::MAYBE_GRANTED, earlier);
     }
 
     fn renew_answered(&mut self, now: Instant, outcome: RenewOutcome, gate: &WriteGate) {
@@ -874,7 +898,10 @@ impl Lease {
         outcome: RenewOutcome,
         gate: &WriteGate,
     ) {
-        let this_term = term_of(id.0) == self.term() && id.0 <= self.last_id;
+        // A renewal of this term: sent after the acquire that earned the grant, and
+        // not after the newest request (an id never issued proves nothing).
+        let this_term =
+            term_of(id.0) == self.term() && id.0 <= self.last_id && id.0 as u32 > self.grant_seq;
         if !(this_term && self.is_held()) {
             return;
         }

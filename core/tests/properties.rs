@@ -229,6 +229,8 @@ struct Harness {
     latest: Instant,
     /// Ids of every request the lease asked to send, in order.
     ids: Vec<RequestId>,
+    /// The newest acquire's id: while a term is held, the one that earned its grant.
+    last_acquire: RequestId,
     last_action: Option<Action>,
     term: Term,
     last_deadline: Option<Instant>,
@@ -370,6 +372,9 @@ impl Harness {
         let mut actions = Vec::new();
         while let Some(action) = self.lease.poll_action() {
             self.ids.push(action.id());
+            if matches!(action, Action::Acquire { .. }) {
+                self.last_acquire = action.id();
+            }
             self.last_action = Some(action);
             actions.push(action);
         }
@@ -500,6 +505,7 @@ fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
         now: Instant::ZERO,
         latest: Instant::ZERO,
         ids: Vec::new(),
+        last_acquire: RequestId(0),
         last_action: None,
         term: Term(0),
         last_deadline: None,
@@ -533,9 +539,13 @@ fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
             let expired = before
                 .deadline
                 .is_some_and(|d| d != Instant::MAX && now >= d);
-            // A late renewal answer of the held term that proves the grant gone or
-            // shortened ends it (the one other change a stale answer may make).
-            let this_term = |id: RequestId| id.0 >> 32 == u64::from(before.term.0) && id <= newest;
+            // A late renewal answer of the held term (sent after the acquire that
+            // earned the grant) that proves the grant gone or shortened ends it (the
+            // one other change a stale answer may make).
+            let granted_by = h.last_acquire;
+            let this_term = |id: RequestId| {
+                id.0 >> 32 == u64::from(before.term.0) && id <= newest && id > granted_by
+            };
             let proves = match response {
                 Some((id, Response::Renew(outcome))) if this_term(id) => match outcome {
                     RenewOutcome::NotOwner => Some(LossReason::NotOwner),

@@ -911,6 +911,110 @@ fn contract_release_after_every_acquire_was_answered_no_sends_nothing() {
     assert_eq!(r.lease.poll_action(), None);
 }
 
+#[test]
+fn contract_an_unanswered_acquire_still_needs_a_release_after_a_later_attempt_is_told_no() {
+    let held = || {
+        AcquireOutcome::HeldByAnother(Holder {
+            identity: Identity::new("other:1").unwrap(),
+            fence: Fence(4),
+            remaining: ms(700),
+        })
+    };
+    // Giving up at the bound, and releasing while acquiring: both must send a release.
+    for give_up in [true, false] {
+        let mut r = Rig::new();
+        if give_up {
+            // The retry after attempt 1's timeout (at 90 + 22..67 ms) falls inside the
+            // bound; the one after attempt 2's answer (80 ms after it is sent) cannot.
+            r.lease.acquire_until(at(0), at(200), &r.gate).unwrap();
+        } else {
+            r.lease.acquire(at(0), &r.gate).unwrap();
+        }
+        assert!(matches!(
+            r.lease.poll_action(),
+            Some(Action::Acquire { .. })
+        ));
+        // Attempt 1 is never answered: it may still reach the service and be applied.
+        r.lease.handle_timeout(at(90), &r.gate);
+        let retry_at = r.lease.poll_timeout().unwrap();
+        r.lease.handle_timeout(retry_at, &r.gate);
+        let second = match r.lease.poll_action() {
+            Some(Action::Acquire { id, .. }) => id,
+            other => panic!("expected the second attempt, got {other:?}"),
+        };
+        let now = retry_at + ms(80);
+        r.lease
+            .handle_response(now, second, held().into(), &r.gate)
+            .unwrap();
+        if !give_up {
+            r.lease.release(now + ms(1), &r.gate).unwrap();
+            assert_eq!(r.lease.state(), State::Releasing);
+        } else {
+            assert!(matches!(r.lease.state(), State::NotAcquired(_)));
+        }
+        assert!(
+            matches!(r.lease.poll_action(), Some(Action::Release { .. })),
+            "the first attempt may have been granted: release it (give up: {give_up})"
+        );
+    }
+}
+
+#[test]
+fn contract_a_renewal_answer_for_an_id_that_was_no_renewal_of_the_grant_proves_nothing() {
+    let mut r = Rig::new();
+    let acquire = r.start(at(0));
+    r.grant(at(1), acquire, 5, ms(900));
+    let _ = r.drain_events();
+    // Tagged with the acquire's id, or with an id of this term never issued.
+    let never_sent = RequestId(acquire.0 & !u64::from(u32::MAX));
+    for id in [acquire, never_sent] {
+        for outcome in [
+            RenewOutcome::NotOwner,
+            RenewOutcome::Renewed { ttl: ms(1) },
+            RenewOutcome::Refused(Refusal::WrongType),
+        ] {
+            assert_eq!(
+                r.lease.handle_response(at(20), id, outcome.into(), &r.gate),
+                Err(StaleResponse)
+            );
+            assert_eq!(r.lease.state(), State::Holding, "{id:?} {outcome:?}");
+            assert_eq!(r.check(at(20)), Ok(Fence(5)));
+        }
+    }
+    // A real renewal of the grant, answered late, still ends the term.
+    let renewal = r.renewal_due(at(300));
+    r.lease.handle_timeout(at(390), &r.gate);
+    assert_eq!(
+        r.lease
+            .handle_response(at(395), renewal, RenewOutcome::NotOwner.into(), &r.gate),
+        Err(StaleResponse)
+    );
+    assert_eq!(r.lease.state(), State::Lost(LossReason::NotOwner));
+}
+
+#[test]
+fn contract_a_release_after_the_safe_deadline_reports_the_expiry() {
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 5);
+    // The driver slept through the deadline (854.1 ms) and every timer before it.
+    r.lease.release(at(10_000), &r.gate).unwrap();
+    assert_eq!(r.lease.state(), State::Lost(LossReason::Expired));
+    assert_eq!(
+        r.drain_events(),
+        [Event::Lost {
+            reason: LossReason::Expired
+        }]
+    );
+    assert!(
+        matches!(r.lease.poll_action(), Some(Action::Release { .. })),
+        "unlock is still attempted, best effort"
+    );
+    assert_eq!(
+        r.check(at(10_000)),
+        Err(GateError::Lost(LossReason::Expired))
+    );
+}
+
 // ----- NOT_OWNER to an older renewal of the current term ---------------------------
 
 #[test]
