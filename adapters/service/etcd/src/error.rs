@@ -331,11 +331,17 @@ fn classify_status(status: &tonic::Status) -> ErrorKind {
     use tonic::Code;
     let message = status.message();
     let code = status.code();
+    // A token etcd no longer knows (a member restarted: simple tokens live in its
+    // memory; a JWT past its TTL): the client authenticates again on the next request
+    // (auto token refresh), so this one is worth retrying, not final. If the password
+    // itself is now wrong, that re-authentication is refused as below.
+    if message.contains("invalid auth token") {
+        return ErrorKind::Service;
+    }
     // etcd's credential errors: "etcdserver: authentication failed, invalid user ID
     // or password" (InvalidArgument), "etcdserver: permission denied"
-    // (PermissionDenied), "etcdserver: invalid auth token" (Unauthenticated, after
-    // the client's own re-authentication failed), "etcdserver: user name is empty"
-    // (InvalidArgument: auth is on and no user was given).
+    // (PermissionDenied), "etcdserver: user name is empty" (InvalidArgument: auth is
+    // on and no user was given).
     let refused = [
         "authentication failed",
         "permission denied",
@@ -517,13 +523,19 @@ mod tests {
                 "etcdserver: authentication failed, invalid user ID or password",
             ),
             tonic::Status::permission_denied("etcdserver: permission denied"),
-            tonic::Status::unauthenticated("etcdserver: invalid auth token"),
             tonic::Status::invalid_argument("etcdserver: user name is empty"),
             tonic::Status::unauthenticated("anything"),
             tonic::Status::permission_denied("anything"),
         ] {
             let err = from_status(refused);
             assert_eq!(err.refusal(), Some(Refusal::Unauthorized), "{err:?}");
+        }
+        // An expired or forgotten token: the client authenticates again; not final.
+        for retry in [
+            tonic::Status::unauthenticated("etcdserver: invalid auth token"),
+            tonic::Status::unknown("etcdserver: invalid auth token"),
+        ] {
+            assert_eq!(kind(retry), ErrorKind::Service);
         }
         // etcd asks the client to retry this one: not final.
         assert_eq!(

@@ -198,7 +198,9 @@ impl Builder {
 
     /// Use these connect options instead of the ones the setters above build (TLS, for
     /// instance); `request_timeout` and `watch_retry` still apply. Do not set a
-    /// per-request gRPC timeout in them: it would also cut the revocation watch.
+    /// per-request gRPC timeout in them: it would also cut the revocation watch. With
+    /// a user, turn on `with_auto_token_refresh(true)` (the setters above do): etcd
+    /// forgets tokens on a restart, and JWTs expire.
     pub fn connect_options(mut self, options: ConnectOptions) -> Self {
         self.options = Some(options);
         self
@@ -228,7 +230,11 @@ impl Builder {
                     options = options.with_keep_alive(interval, timeout);
                 }
                 if let Some((name, password)) = self.user {
-                    options = options.with_user(name, password);
+                    // A token can expire (JWT) or be forgotten (a member restart), and
+                    // then every request would be refused until the process restarts.
+                    options = options
+                        .with_user(name, password)
+                        .with_auto_token_refresh(true);
                 }
                 options
             }

@@ -1015,6 +1015,52 @@ async fn auth_refusals_are_final() {
     );
 }
 
+/// A token etcd no longer accepts (here: auth disabled and enabled again, which
+/// drops every token; in production a JWT past its TTL, or an idle simple token):
+/// the service authenticates again, and a held key keeps renewing. A forgotten
+/// token is never a final `Unauthorized`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forgotten_auth_token_is_replaced_and_the_lease_renews() {
+    let cluster = EtcdCluster::single();
+    let mut admin = client(&cluster).await;
+    admin.user_add("root", "rootpw", None).await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.auth_enable().await.unwrap();
+    let service = EtcdLockService::builder([cluster.endpoint(0)])
+        .user("root", "rootpw")
+        .connect()
+        .await
+        .expect("root");
+    let a = token();
+    let AcquireOutcome::Granted { fence, ttl } =
+        LockService::acquire(&service, "k", a, &identity("a"), ms(10_000)).await
+    else {
+        panic!("granted");
+    };
+    assert_eq!(
+        LockService::renew(&service, "k", a, fence, ttl).await,
+        RenewOutcome::Renewed { ttl }
+    );
+
+    let mut root = etcd_client::Client::connect(
+        [cluster.endpoint(0)],
+        Some(etcd_client::ConnectOptions::new().with_user("root", "rootpw")),
+    )
+    .await
+    .unwrap();
+    root.auth_disable().await.unwrap();
+    admin.auth_enable().await.unwrap();
+
+    assert_eq!(
+        LockService::renew(&service, "k", a, fence, ttl).await,
+        RenewOutcome::Renewed { ttl }
+    );
+    assert!(matches!(
+        LockService::holder(&service, "k").await,
+        HolderOutcome::Held(holder) if holder.fence == fence
+    ));
+}
+
 /// Settings that cannot work are a `Config` error from `connect`, at once, naming
 /// what was given.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
