@@ -208,19 +208,26 @@ async fn no_retry_is_scheduled_past_the_safe_deadline() {
 
 // ----- rule 4: NOT_OWNER is definitive -----
 
-#[tokio::test(start_paused = true)]
-async fn not_owner_loses_the_lease_on_that_very_answer() {
+/// A holds [`KEY`] from 0 ms; at 100 ms the service loses it (a failover, a clock
+/// jump there) and B takes it with fence 2; from then on answers take `latency`.
+async fn taken_over_by_another(service: &Arc<Recording>, latency: u64) -> [LeaseHandle; 2] {
     let timeline = Timeline::start();
-    let service = Recording::new();
     let a = acquire(service.clone(), KEY, config(900)).await.unwrap();
-
     timeline.until(100).await;
-    // The service loses A's key (a failover, a clock jump there); B takes it.
     service.expire_now(KEY).unwrap();
     let b = try_acquire(service.clone(), KEY, config(900))
         .await
         .unwrap();
     assert_eq!(b.granted_fence(), Fence(2));
+    service.set_latency(leasehold_tokio::memory::Scope::All, ms(latency));
+    [a, b]
+}
+
+#[tokio::test(start_paused = true)]
+async fn not_owner_loses_the_lease_on_that_very_answer() {
+    let timeline = Timeline::start();
+    let service = Recording::new();
+    let [a, b] = taken_over_by_another(&service, 0).await;
     let b_grant = service.grant(KEY).unwrap();
 
     assert_eq!(
@@ -246,17 +253,10 @@ async fn not_owner_loses_the_lease_on_that_very_answer() {
 async fn a_refusal_that_comes_in_as_its_request_times_out_is_acted_on() {
     let timeline = Timeline::start();
     let service = Recording::new();
-    let a = acquire(service.clone(), KEY, config(900)).await.unwrap();
-
-    timeline.until(100).await;
-    service.expire_now(KEY).unwrap();
-    let b = try_acquire(service.clone(), KEY, config(900))
-        .await
-        .unwrap();
     // A's renewal, sent at 300, is answered NotOwner at 390: the very instant its
     // 90 ms request timeout runs out. An answer that is in counts before the timeout,
     // as the single-lease loop polls the request before its timer.
-    service.set_latency(leasehold_tokio::memory::Scope::All, ms(90));
+    let [a, b] = taken_over_by_another(&service, 90).await;
 
     assert_eq!(
         within(3_000, a.lost()).await,
