@@ -15,6 +15,14 @@ use embedded_io_async::{Read, Write};
 /// first. The call runs under the request's deadline, so a factory that hangs costs
 /// one `Timeout`, never a stuck lease.
 ///
+/// Replies are matched to requests by their order alone, so the connection it returns
+/// must not deliver a single byte meant for an earlier one. A new TCP connection never
+/// does; a stream that outlives its connections (a UART to a gateway, a multiplexed
+/// link) must be resynchronised here before it is returned — the firmware example
+/// sends `ECHO` with a fresh nonce and discards everything up to that exact reply.
+/// Otherwise a late answer to a timed-out acquire could be read as the next
+/// request's grant.
+///
 /// Any `FnMut() -> impl Future<Output = Result<C, E>>` is a factory:
 ///
 /// ```

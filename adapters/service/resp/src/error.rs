@@ -26,6 +26,10 @@ pub enum Error {
     Protocol(ProtocolError),
     /// Redis answered an error reply.
     Server(ServerError),
+    /// Redis refused `AUTH` (a wrong password, a user name to a Redis before 6, a
+    /// password to a Redis that has none): whatever the code, the credentials or the
+    /// configuration are wrong, and retrying cannot help.
+    AuthRefused(ServerError),
 }
 
 /// An answer that does not parse, or parses to something the scripts never answer.
@@ -121,6 +125,7 @@ impl Error {
         match self {
             Error::InvalidKey(_) => Some(Refusal::InvalidKey),
             Error::Server(e) => e.refusal(),
+            Error::AuthRefused(_) => Some(Refusal::Unauthorized),
             _ => None,
         }
     }
@@ -152,6 +157,7 @@ impl fmt::Display for Error {
             Error::Busy => f.write_str("another request is in flight on this connection"),
             Error::Protocol(p) => write!(f, "unintelligible answer from Redis: {p:?}"),
             Error::Server(e) => write!(f, "Redis answered the error {}", e.code()),
+            Error::AuthRefused(e) => write!(f, "Redis refused AUTH: {}", e.code()),
         }
     }
 }

@@ -443,7 +443,10 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
             let reply = parsed(read.get(..len).unwrap_or(&[]))?;
             match (step, reply) {
                 (Step::Auth, Reply::Scalar(Scalar::Simple(b"OK"))) => {}
-                (Step::Auth | Step::Load, Reply::Error(line)) => {
+                (Step::Auth, Reply::Error(line)) => {
+                    return Err(Error::AuthRefused(ServerError::from_line(line)))
+                }
+                (Step::Load, Reply::Error(line)) => {
                     return Err(Error::Server(ServerError::from_line(line)))
                 }
                 (Step::Load, Reply::Scalar(Scalar::Bulk(Some(answer)))) => {

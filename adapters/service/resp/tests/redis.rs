@@ -109,6 +109,19 @@ async fn credentials_refused_are_unauthorized() {
         password: "s3cret",
     });
     granted(&named, "k", token(1)).await;
+
+    // A password for a Redis that has none: `-ERR AUTH <password> called without any
+    // password configured…`. Not retryable either.
+    let open = RedisServer::start();
+    let misconfigured = service(open.port()).with_auth(Auth {
+        user: None,
+        password: "s3cret",
+    });
+    assert_eq!(
+        misconfigured.acquire("k", token(1), &id("a"), TTL).await,
+        AcquireOutcome::Refused(Refusal::Unauthorized),
+        "ERR to AUTH"
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]
