@@ -275,23 +275,24 @@ async fn wait_for_turn<S: LockService + 'static>(
 
 /// Whether the attempt is over, and how.
 fn settled(shared: &Shared) -> Option<Result<(), AcquireError>> {
+    // One consistent view: a grant published between separate reads would look like
+    // a driver that stopped.
+    let (granted, failed, holder, state) = shared.acquire_view();
     // Once granted, hand out the handle even if the term already ended: the caller
     // sees the fence, and the handle reports the loss.
-    if shared.granted().is_some() {
+    if granted {
         return Some(Ok(()));
     }
-    if let Some(failure) = shared.not_acquired() {
+    if let Some(failure) = failed {
         return Some(Err(match failure {
-            AcquireFailure::HeldByAnother => AcquireError::Busy {
-                holder: shared.last_holder(),
-            },
+            AcquireFailure::HeldByAnother => AcquireError::Busy { holder },
             AcquireFailure::Indeterminate(why) => AcquireError::Unavailable(why),
             AcquireFailure::Refused(why) => AcquireError::Refused(why),
             // GrantTooShort, and any failure a newer core adds.
             _ => AcquireError::GrantTooShort,
         }));
     }
-    match shared.state() {
+    match state {
         LeaseState::Acquiring => None,
         LeaseState::Lost(reason) => Some(Err(AcquireError::Lost(reason))),
         _ => Some(Err(AcquireError::DriverStopped)),

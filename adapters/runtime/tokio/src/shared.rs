@@ -17,8 +17,8 @@ use std::task::{Context, Poll};
 use futures_util::task::AtomicWaker;
 
 use leasehold::{
-    AcquireFailure, Config, Duration, Event, Fence, Holder, Identity, Instant, Owner, OwnerToken,
-    Stats, Term, WriteGate,
+    AcquireFailure, Config, Duration, Event, Fence, GateError, Holder, Identity, Instant,
+    LossReason, Owner, OwnerToken, Stats, Term, WriteGate,
 };
 use leasehold_driver::Report;
 use tokio::sync::{broadcast, watch, Notify};
@@ -170,12 +170,20 @@ impl Shared {
         self.status().granted
     }
 
-    pub(crate) fn not_acquired(&self) -> Option<AcquireFailure> {
-        self.status().not_acquired
-    }
-
-    pub(crate) fn last_holder(&self) -> Option<Holder> {
-        self.status().last_holder.as_deref().copied()
+    /// What an acquire waits for, read under one lock: whether it was granted, how it
+    /// failed, the holder named by the last refusal, and the state. Read one by one,
+    /// a grant published between the reads looks like neither a grant nor a failure,
+    /// with the state already `Holding`.
+    pub(crate) fn acquire_view(
+        &self,
+    ) -> (bool, Option<AcquireFailure>, Option<Holder>, LeaseState) {
+        let status = self.status();
+        (
+            status.granted.is_some(),
+            status.not_acquired,
+            status.last_holder.as_deref().copied(),
+            status.state,
+        )
     }
 
     /// The owner token this lease presents (every handle runs one term).
@@ -288,10 +296,19 @@ impl Shared {
             Ordering::AcqRel,
             Ordering::Acquire,
         );
+        // Past the safe deadline the term has already ended by expiry (a client
+        // paused past it calls `release()` before the driver has run): that is how it
+        // ended, not by this release.
+        let expired = matches!(
+            self.gate.check(self.clock.now()),
+            Err(GateError::DeadlinePassed { .. })
+        );
         let first = {
             let mut status = self.status();
             let first = status.end.is_none();
-            if first {
+            if first && expired {
+                end_once(&mut status, LeaseEnd::Lost(LossReason::Expired));
+            } else if first {
                 end_once(&mut status, LeaseEnd::Released);
                 set_state(&mut status, LeaseState::Releasing);
             }
@@ -457,5 +474,39 @@ fn set_state(status: &mut Status, state: LeaseState) {
     status.state = state;
     if let Some(watch) = &status.watch {
         watch.send_replace(state);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use leasehold::{AcquireOutcome, Action, Fence, Lease, LossReason};
+
+    use super::Shared;
+    use crate::state::LeaseEnd;
+    use crate::trace::ReleaseWhy;
+
+    /// A client paused past its safe deadline asks to release before its driver has
+    /// run: the term ended by expiry, and that is what every handle must say.
+    #[tokio::test(start_paused = true)]
+    async fn a_release_asked_for_past_the_deadline_reports_the_expiry() {
+        let shared = Shared::sample();
+        let mut lease = Lease::new(shared.config);
+        lease.acquire(shared.clock.now(), &shared.gate).unwrap();
+        let Some(Action::Acquire { id, ttl, .. }) = lease.poll_action() else {
+            panic!("an acquire");
+        };
+        let granted = AcquireOutcome::Granted {
+            fence: Fence(1),
+            ttl,
+        };
+        lease
+            .handle_response(shared.clock.now(), id, granted.into(), &shared.gate)
+            .unwrap();
+        assert_eq!(shared.gate.check(shared.clock.now()), Ok(Fence(1)));
+
+        // The whole process stops for longer than the TTL; nothing ran meanwhile.
+        tokio::time::advance(std::time::Duration::from_secs(4)).await;
+        shared.request_release(ReleaseWhy::Requested);
+        assert_eq!(shared.end(), Some(LeaseEnd::Lost(LossReason::Expired)));
     }
 }

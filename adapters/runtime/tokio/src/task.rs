@@ -25,10 +25,8 @@ where
 /// Runs the term. `timed` is the service, noting when each renewal is sent (for its
 /// round trip in metrics and tracing), and the lease's shared state.
 async fn drive<S: LockService + 'static>(timed: Timed<S>, give_up_at: Instant) {
+    // `timed` ends the term when it is dropped (see its `Drop`).
     let shared = &*timed.shared;
-    // Runs when the term is over, and also when the task is dropped unfinished
-    // (runtime shutdown) or unwinds: the handles then learn that nothing renews.
-    let _finish = Finish(shared);
     // Contenders seed their retry jitter from their (random) owner, so they do not
     // retry in lock step.
     let [a, b, c, d, ..] = shared.owner.0;
@@ -75,11 +73,14 @@ pub(crate) fn note_release<S: LockService + 'static>(service: &Arc<S>, shared: &
     }
 }
 
-struct Finish<'a>(&'a Shared);
-
-impl Drop for Finish<'_> {
+/// The term is over when the task's future goes: at its end, when it unwinds, or
+/// when the runtime drops it unfinished — even before its first poll (a runtime
+/// that is shutting down drops what is spawned on it unpolled), which a guard made
+/// inside the task would miss, leaving the acquire waiting for ever. The handles
+/// then learn that nothing renews.
+impl<S> Drop for Timed<S> {
     fn drop(&mut self) {
-        self.0.finish();
+        self.shared.finish();
     }
 }
 
