@@ -42,7 +42,9 @@ use leasehold::{
     RenewOutcome,
 };
 use leasehold_driver::LockService;
-use leasehold_test_support::bench::{bench_setting, load_average, process_cpu_time, quantile};
+use leasehold_test_support::bench::{
+    bench_setting, load_average, process_cpu_time, quantile, Lateness,
+};
 use leasehold_tokio::memory::MemoryService;
 use leasehold_tokio::{acquire, LeaseEnd, LeaseHandle, LeaseSet};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
@@ -111,30 +113,13 @@ fn main() {
 /// The in-memory service, timestamping what the bench needs.
 struct Probe {
     service: MemoryService,
-    origin: Instant,
-    renew_interval_us: u64,
-    /// Per lease: when its last acquire or renew was sent (µs since `origin`).
-    last_send: Vec<AtomicU64>,
+    lateness: Lateness,
     /// Per lease: the bench expired it at the service; its next renewal is refused.
     doomed: Vec<AtomicBool>,
-    /// Per lease: when the service refused it (µs since `origin`).
+    /// Per lease: when the service refused it (µs on `lateness`'s clock).
     refused_at: Vec<AtomicU64>,
-    recording: AtomicBool,
-    lateness_us: Mutex<Vec<u32>>,
     /// With `LEASEHOLD_BENCH_TIMELINE`: (send time, lateness) of every measured renewal.
     timeline: Option<Mutex<Vec<(u32, u32)>>>,
-}
-
-impl Probe {
-    fn now_us(&self) -> u64 {
-        self.origin.elapsed().as_micros() as u64
-    }
-
-    fn index(key: &str) -> usize {
-        key.strip_prefix("lease-")
-            .and_then(|i| i.parse().ok())
-            .unwrap_or(0)
-    }
 }
 
 impl LockService for Probe {
@@ -145,8 +130,7 @@ impl LockService for Probe {
         identity: &Identity,
         ttl: Duration,
     ) -> impl Future<Output = AcquireOutcome> + Send {
-        let now = self.now_us();
-        self.last_send[Probe::index(key)].store(now, Ordering::Relaxed);
+        let now = self.lateness.acquire_sent(key);
         if let Some(timeline) = &self.timeline {
             timeline.lock().unwrap().push((now as u32, 0));
         }
@@ -164,17 +148,9 @@ impl LockService for Probe {
         fence: Fence,
         ttl: Duration,
     ) -> impl Future<Output = RenewOutcome> + Send {
-        let i = Probe::index(key);
-        let now = self.now_us();
-        let previous = self.last_send[i].swap(now, Ordering::Relaxed);
-        if self.recording.load(Ordering::Relaxed) {
-            let late = u32::try_from(now.saturating_sub(previous + self.renew_interval_us))
-                .unwrap_or(u32::MAX);
-            self.lateness_us.lock().unwrap().push(late);
-        }
+        let i = Lateness::index(key);
+        let (now, late) = self.lateness.renewal_sent(key);
         if let Some(timeline) = &self.timeline {
-            let late = u32::try_from(now.saturating_sub(previous + self.renew_interval_us))
-                .unwrap_or(u32::MAX);
             timeline.lock().unwrap().push((now as u32, late));
         }
         if self.doomed[i].load(Ordering::Relaxed) {
@@ -250,13 +226,9 @@ fn run(n: usize, ttl: StdDuration, periods: u32, shape: Shape) -> Report {
         // Everything the bench itself needs is allocated before the baseline.
         let probe = Arc::new(Probe {
             service: MemoryService::new(),
-            origin: Instant::now(),
-            renew_interval_us: renew.as_micros() as u64,
-            last_send: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            lateness: Lateness::new(n, renew, n * (periods as usize + 2)),
             doomed: (0..n).map(|_| AtomicBool::new(false)).collect(),
             refused_at: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            recording: AtomicBool::new(false),
-            lateness_us: Mutex::new(Vec::with_capacity(n * (periods as usize + 2))),
             timeline: std::env::var_os("LEASEHOLD_BENCH_TIMELINE")
                 .map(|_| Mutex::new(Vec::with_capacity(n * (periods as usize + 4)))),
         });
@@ -294,11 +266,11 @@ fn run(n: usize, ttl: StdDuration, periods: u32, shape: Shape) -> Report {
         // Steady state: one period to settle, then measure.
         tokio::time::sleep(renew).await;
         let cpu_before = process_cpu_time();
-        probe.recording.store(true, Ordering::Relaxed);
+        probe.lateness.record(true);
         tokio::time::sleep(renew * periods).await;
-        probe.recording.store(false, Ordering::Relaxed);
+        probe.lateness.record(false);
         let cpu = process_cpu_time() - cpu_before;
-        let lateness: Vec<u32> = std::mem::take(&mut *probe.lateness_us.lock().unwrap());
+        let lateness: Vec<u32> = probe.lateness.take();
         let cpu_per_renewal_us = cpu.as_secs_f64() * 1e6 / lateness.len().max(1) as f64;
         let lateness = Percentiles::of(lateness);
         if let Some(timeline) = &probe.timeline {
@@ -318,7 +290,7 @@ fn run(n: usize, ttl: StdDuration, periods: u32, shape: Shape) -> Report {
             );
             waiters.push(tokio::spawn(async move {
                 let end = lease.lost().await;
-                let flipped = shared_probe.now_us();
+                let flipped = shared_probe.lateness.now_us();
                 if lease.check().is_ok() {
                     bad.fetch_add(1, Ordering::Relaxed);
                 }

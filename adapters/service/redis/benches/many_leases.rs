@@ -18,9 +18,8 @@
 //! mode too (`scripts/bench-smoke.sh`).
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration as StdDuration, Instant};
+use std::sync::Arc;
+use std::time::Duration as StdDuration;
 
 use leasehold::{
     AcquireOutcome, Config, Duration, Fence, HolderOutcome, Identity, OwnerToken, ReleaseOutcome,
@@ -28,7 +27,9 @@ use leasehold::{
 };
 use leasehold_driver::LockService;
 use leasehold_redis::RedisLockService;
-use leasehold_test_support::bench::{bench_setting, load_average, process_cpu_time, quantile};
+use leasehold_test_support::bench::{
+    bench_setting, load_average, process_cpu_time, quantile, Lateness,
+};
 use leasehold_test_support::RedisServer;
 use leasehold_tokio::{acquire, LeaseHandle, LeaseSet};
 
@@ -37,23 +38,7 @@ const TTL: StdDuration = StdDuration::from_secs(3);
 /// `service`, noting how late each renewal of each lease (`lease-<i>`) was sent.
 struct Schedule {
     service: RedisLockService,
-    origin: Instant,
-    interval_us: u64,
-    /// Per lease: when its last acquire or renewal was sent, µs since `origin`.
-    last_send: Vec<AtomicU64>,
-    recording: AtomicBool,
-    lateness_us: Mutex<Vec<u32>>,
-}
-
-impl Schedule {
-    fn sent(&self, key: &str) -> (u64, u64) {
-        let i: usize = key
-            .strip_prefix("lease-")
-            .and_then(|i| i.parse().ok())
-            .unwrap_or(0);
-        let now = self.origin.elapsed().as_micros() as u64;
-        (now, self.last_send[i].swap(now, Ordering::Relaxed))
-    }
+    lateness: Lateness,
 }
 
 impl LockService for Schedule {
@@ -64,7 +49,7 @@ impl LockService for Schedule {
         identity: &Identity,
         ttl: Duration,
     ) -> impl Future<Output = AcquireOutcome> + Send {
-        self.sent(key);
+        self.lateness.acquire_sent(key);
         LockService::acquire(&self.service, key, token, identity, ttl)
     }
 
@@ -75,12 +60,7 @@ impl LockService for Schedule {
         fence: Fence,
         ttl: Duration,
     ) -> impl Future<Output = RenewOutcome> + Send {
-        let (now, previous) = self.sent(key);
-        if self.recording.load(Ordering::Relaxed) {
-            let late = now.saturating_sub(previous + self.interval_us);
-            let late = u32::try_from(late).unwrap_or(u32::MAX);
-            self.lateness_us.lock().unwrap().push(late);
-        }
+        self.lateness.renewal_sent(key);
         LockService::renew(&self.service, key, token, fence, ttl)
     }
 
@@ -149,11 +129,7 @@ async fn hold(url: &str, n: usize, held: StdDuration, ramp: StdDuration) -> Repo
     let service = RedisLockService::connect(url).await.unwrap();
     let schedule = Arc::new(Schedule {
         service,
-        origin: Instant::now(),
-        interval_us: interval.as_micros() as u64,
-        last_send: (0..n).map(|_| AtomicU64::new(0)).collect(),
-        recording: AtomicBool::new(false),
-        lateness_us: Mutex::new(Vec::with_capacity(n * (held.as_secs() as usize + 2))),
+        lateness: Lateness::new(n, interval, n * (held.as_secs() as usize + 2)),
     });
     let set = LeaseSet::new(schedule.clone(), config);
     let per_task = std::env::var("LEASEHOLD_BENCH_SHAPE").is_ok_and(|v| v == "task");
@@ -183,9 +159,9 @@ async fn hold(url: &str, n: usize, held: StdDuration, ramp: StdDuration) -> Repo
     // One interval to settle, then the held period.
     tokio::time::sleep(interval).await;
     let cpu_before = process_cpu_time();
-    schedule.recording.store(true, Ordering::Relaxed);
+    schedule.lateness.record(true);
     tokio::time::sleep(held).await;
-    schedule.recording.store(false, Ordering::Relaxed);
+    schedule.lateness.record(false);
     let cpu = process_cpu_time() - cpu_before;
 
     let losses = leases.iter().filter(|lease| lease.end().is_some()).count();
@@ -193,7 +169,7 @@ async fn hold(url: &str, n: usize, held: StdDuration, ramp: StdDuration) -> Repo
         .iter()
         .map(|lease| u64::from(lease.stats().renewal_retries))
         .sum();
-    let mut lateness = std::mem::take(&mut *schedule.lateness_us.lock().unwrap());
+    let mut lateness = schedule.lateness.take();
     lateness.sort_unstable();
     let report = Report {
         n,
