@@ -255,3 +255,47 @@ async fn a_primary_that_stops_answering_is_routed_around_once_its_replica_takes_
         "requests for the hung primary's slots never reached its promoted replica"
     );
 }
+
+/// Seeds that cannot work fail `connect_cluster` at once with a typed error: none
+/// given, a URL that is not one, and nodes where nobody listens (within the bound of
+/// one connect attempt per seed, never a hang).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unusable_seeds_fail_connect_cluster_with_a_typed_error_promptly() {
+    use leasehold_redis::RedisLockError;
+
+    let none = RedisLockService::connect_cluster(Vec::<String>::new()).await;
+    assert!(
+        matches!(none, Err(RedisLockError::Config { .. })),
+        "{none:?}"
+    );
+    let garbage = RedisLockService::connect_cluster(["not a url"]).await;
+    assert!(
+        matches!(garbage, Err(RedisLockError::Config { .. })),
+        "{garbage:?}"
+    );
+    // Two free loopback ports: connection refused on both.
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let seeds = [
+        format!("redis://127.0.0.1:{}", free()),
+        format!("redis://127.0.0.1:{}", free()),
+    ];
+    let down = tokio::time::timeout(
+        StdDuration::from_secs(5),
+        RedisLockService::connect_cluster(&seeds),
+    )
+    .await
+    .expect("an answer within the connect bound");
+    assert!(
+        matches!(
+            down,
+            Err(RedisLockError::Transport { .. } | RedisLockError::Timeout { .. })
+        ),
+        "{down:?}"
+    );
+}
