@@ -7,12 +7,11 @@
 //! core no longer awaits, watch for revocation of exactly the grant held, end the term
 //! once it is over and nothing is in flight; then feed back whichever input is ready,
 //! release first, then the answer, then a revocation. Only the waiting differs: the
-//! core's next deadline goes into one min-heap for the whole driver instead of a
+//! core's next deadline goes into one queue of deadlines (a radix heap) for the whole driver instead of a
 //! runtime timer per lease, and the lease's futures are polled when they wake it
 //! ([`LeaseWake`]) rather than by a task of their own.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -22,6 +21,7 @@ use leasehold::{AcquireOutcome, Action, Fence, Instant, Lease, RequestId, Respon
 use leasehold_driver::{LockService, Report};
 use tokio::time::Sleep;
 
+use super::timers::Timers;
 use super::wake::{Inbox, LeaseWake, Registration};
 use crate::shared::Shared;
 use crate::task::note_release;
@@ -54,7 +54,7 @@ pub(super) struct Driver<S> {
     /// Every lease's next deadline, earliest first. An entry is stale (skipped when
     /// popped) unless it is still its lease's [`Entry::due`]: a deadline is pushed once,
     /// when it changes, and never searched for.
-    timers: BinaryHeap<Reverse<(Instant, u32)>>,
+    timers: Timers,
     /// The one runtime timer: until the earliest deadline.
     sleep: Pin<Box<Sleep>>,
     sleeping_until: Option<Instant>,
@@ -135,7 +135,7 @@ struct Entry {
     watch: Option<(Fence, Option<BoxFuture<()>>)>,
     /// The release request was fed to the core (it is fed once).
     release_seen: bool,
-    /// The deadline last pushed to the heap for this lease.
+    /// The deadline last pushed to the timers for this lease.
     due: Option<Instant>,
     /// Counted in the driver's acquires in flight.
     counted: bool,
@@ -171,7 +171,7 @@ impl<S: LockService + 'static> Driver<S> {
             inbox,
             slots: Slots::default(),
             acquiring: 0,
-            timers: BinaryHeap::new(),
+            timers: Timers::default(),
             sleep: Box::pin(tokio::time::sleep_until(clock.to_tokio(Instant::MAX))),
             sleeping_until: None,
             new: VecDeque::new(),
@@ -239,13 +239,9 @@ impl<S: LockService + 'static> Driver<S> {
     fn fire_timers(&mut self, mut budget: usize) -> usize {
         let now = self.clock.now();
         while budget > 0 {
-            let Some(&Reverse((at, slot))) = self.timers.peek() else {
+            let Some((at, slot)) = self.timers.pop_due(now) else {
                 break;
             };
-            if at > now {
-                break;
-            }
-            self.timers.pop();
             let Some(entry) = self.slots.get_mut(slot) else {
                 continue;
             };
@@ -310,7 +306,7 @@ impl<S: LockService + 'static> Future for Driver<S> {
                 return Poll::Pending;
             }
 
-            if let Some(&Reverse((at, _))) = this.timers.peek() {
+            if let Some(at) = this.timers.peek() {
                 if this.sleeping_until != Some(at) {
                     this.sleep.as_mut().reset(this.clock.to_tokio(at));
                     this.sleeping_until = Some(at);
@@ -344,7 +340,7 @@ fn step<S: LockService + 'static>(
     entry: &mut Entry,
     slot: u32,
     service: &Arc<S>,
-    timers: &mut BinaryHeap<Reverse<(Instant, u32)>>,
+    timers: &mut Timers,
 ) -> Step {
     let waker = Waker::from(Arc::clone(&entry.wake));
     let mut cx = Context::from_waker(&waker);
@@ -391,7 +387,7 @@ fn step<S: LockService + 'static>(
         if next != *due {
             *due = next;
             if let Some(at) = next {
-                timers.push(Reverse((at, slot)));
+                timers.push(at, slot);
             }
         }
 

@@ -2,6 +2,7 @@
 //! instead of a task and a timer per lease.
 
 mod driver;
+mod timers;
 mod wake;
 
 use std::fmt;
@@ -25,7 +26,7 @@ use wake::{Inbox, Registration};
 /// thousands (one lease per tenant, shard or device) pays for thousands of tasks and
 /// timers; a `LeaseSet` runs the same [`Lease`](leasehold::Lease) core per lease,
 /// step for step as the single-lease loop does, but keeps every lease's next deadline
-/// in one heap per driver task and polls a lease's request only when it wakes.
+/// in one queue of deadlines per driver task and polls a lease's request only when it wakes.
 ///
 /// Every lease keeps its own write gate and its own [`LeaseHandle`], which works
 /// exactly as one from [`acquire`](crate::acquire): `check()` before each write, the
@@ -71,7 +72,7 @@ pub struct LeaseSet<S> {
 struct Inner<S> {
     service: Arc<S>,
     config: Config,
-    /// One clock for the set: every lease's instants, and every driver's heap, count
+    /// One clock for the set: every lease's instants, and every driver's deadlines, count
     /// from the same origin.
     clock: LeaseClock,
     drivers: Box<[Arc<Inbox>]>,
