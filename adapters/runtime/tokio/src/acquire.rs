@@ -11,7 +11,7 @@ use leasehold::{
 };
 use leasehold_driver::LockService;
 
-use crate::shared::Shared;
+use crate::shared::{Common, Shared};
 use crate::{task, trace, turns, LeaseClock, LeaseHandle, LeaseState};
 
 /// Options for [`acquire_with`].
@@ -204,31 +204,28 @@ where
 {
     let key: Box<str> = key.into();
     async move {
-        let clock = LeaseClock::start();
-        start(
-            &service,
-            key,
+        let common = Arc::new(Common {
             config,
-            options,
-            clock,
-            |shared, give_up_at| {
-                task::spawn(shared, service.clone(), give_up_at);
-            },
-        )
+            clock: LeaseClock::start(),
+            identity: options.identity.unwrap_or_else(default_identity),
+        });
+        start(&service, key, common, options, |shared, give_up_at| {
+            task::spawn(shared, service.clone(), give_up_at);
+        })
         .await
     }
 }
 
-/// The acquire both driver shapes share: check the key, pick the owner and identity,
-/// wait for this process's turn, hand the new lease's shared state to `drive` (which
-/// starts driving it on `clock`), then wait for the grant or the core's verdict.
-/// Cancel-safe as [`acquire`] says.
+/// The acquire both driver shapes share: check the key, pick the owner, wait for this
+/// process's turn, hand the new lease's shared state to `drive` (which starts driving
+/// it on the clock of `common`, which also holds its config and the identity
+/// `options` name), then wait for the grant or the core's verdict. Cancel-safe as
+/// [`acquire`] says.
 pub(crate) async fn start<S: LockService + 'static>(
     service: &Arc<S>,
     key: Box<str>,
-    config: Config,
+    common: Arc<Common>,
     options: AcquireOptions,
-    clock: LeaseClock,
     drive: impl FnOnce(Arc<Shared>, leasehold::Instant),
 ) -> Result<LeaseHandle, AcquireError> {
     leasehold::check_key(&key).map_err(AcquireError::InvalidKey)?;
@@ -236,7 +233,10 @@ pub(crate) async fn start<S: LockService + 'static>(
         Some(owner) => owner,
         None => random_owner().ok_or(AcquireError::NoEntropy)?,
     };
-    let identity = options.identity.unwrap_or_else(default_identity);
+    // The default is read again here: a process forked after the set was made has
+    // another pid.
+    let common = common.with_identity(options.identity.unwrap_or_else(default_identity));
+    let (config, clock) = (common.config, common.clock);
     // The wait bound counts from the call, the wait for our turn included.
     let give_up_at = match options.max_wait {
         Some(wait) => clock.now().saturating_add(leasehold::Duration::from(wait)),
@@ -245,7 +245,7 @@ pub(crate) async fn start<S: LockService + 'static>(
     if options.yield_after_release {
         wait_for_turn(service, &key, config, options.max_wait).await;
     }
-    let shared = Arc::new(Shared::new(key, owner, identity, config, clock));
+    let shared = Arc::new(Shared::new(key, owner, common));
     let mut attempt = Attempt(Some(Arc::clone(&shared)));
     drive(Arc::clone(&shared), give_up_at);
 

@@ -109,7 +109,7 @@ impl LeaseHandle {
     /// fence with the write so storage can reject it if this task pauses between the
     /// check and the write.
     pub fn check(&self) -> Result<Fence, CheckError> {
-        let now = self.shared.clock.now();
+        let now = self.shared.clock().now();
         let fence = match self.shared.gate.check(now) {
             Ok(fence) => fence,
             Err(GateError::Paused) => return Err(CheckError::Gate(paused_or_expired(self, now))),
@@ -157,12 +157,12 @@ impl LeaseHandle {
     /// The lease's clock: `check()` and every instant in [`LeaseState`] and events
     /// are on it.
     pub fn clock(&self) -> LeaseClock {
-        self.shared.clock
+        *self.shared.clock()
     }
 
     /// The configuration the lease runs with.
     pub fn config(&self) -> Config {
-        self.shared.config
+        self.shared.config()
     }
 
     /// Where the lease is now.

@@ -45,7 +45,7 @@ impl<S: LockService> LockService for Timed<S> {
         fence: Fence,
         ttl: Duration,
     ) -> impl Future<Output = RenewOutcome> + Send {
-        self.shared.renewal_sent(self.shared.clock.now());
+        self.shared.renewal_sent(self.shared.clock().now());
         self.service.renew(key, token, fence, ttl)
     }
 

@@ -191,9 +191,9 @@ impl<S: LockService + 'static> Driver<S> {
         // not retry in lock step.
         let [a, b, c, d, ..] = shared.owner.0;
         let mut lease =
-            Lease::new(shared.config).with_jitter_seed(u32::from_le_bytes([a, b, c, d]));
+            Lease::new(shared.config()).with_jitter_seed(u32::from_le_bytes([a, b, c, d]));
         // A fresh lease is never mid-term, so this cannot fail.
-        let _ = lease.acquire_until(shared.clock.now(), give_up_at, &shared.gate);
+        let _ = lease.acquire_until(shared.clock().now(), give_up_at, &shared.gate);
         let entry = Entry {
             lease,
             wake: Arc::new(LeaseWake::new(slot, Arc::clone(&self.inbox))),
@@ -257,7 +257,7 @@ impl<S: LockService + 'static> Driver<S> {
             let Some(entry) = self.slots.get_mut(slot) else {
                 continue; // that answer ended the term
             };
-            let now = entry.shared.clock.now();
+            let now = entry.shared.clock().now();
             if entry.lease.poll_timeout().is_some_and(|next| next <= now) {
                 entry.due = None;
                 entry.lease.handle_timeout(now, &entry.shared.gate);
@@ -394,7 +394,7 @@ fn step<S: LockService + 'static>(
         // Feed back whatever is ready, in the shared loop's order.
         if !*release_seen && shared.poll_release(&mut cx).is_ready() {
             *release_seen = true;
-            let _ = lease.release(shared.clock.now(), gate);
+            let _ = lease.release(shared.clock().now(), gate);
             continue;
         }
         if let Some((id, io)) = request {
@@ -405,7 +405,7 @@ fn step<S: LockService + 'static>(
                     shared.publish(Report::HeldBy(holder), tokio::time::Instant::now());
                 }
                 // A stale answer changes nothing; the core counts it.
-                let _ = lease.handle_response(shared.clock.now(), id, response, gate);
+                let _ = lease.handle_response(shared.clock().now(), id, response, gate);
                 continue;
             }
         }
@@ -415,7 +415,7 @@ fn step<S: LockService + 'static>(
                 .is_some_and(|io| io.as_mut().poll(&mut cx).is_ready())
             {
                 *slot = None;
-                let _ = lease.handle_revoked(shared.clock.now(), *fence, gate);
+                let _ = lease.handle_revoked(shared.clock().now(), *fence, gate);
                 continue;
             }
         }
@@ -434,13 +434,13 @@ fn send<S: LockService + 'static>(
     match action {
         Action::Acquire { term, ttl, .. } => Box::pin(async move {
             let token = shared.owner.token(term);
-            let outcome = service.acquire(&shared.key, token, &shared.identity, ttl);
+            let outcome = service.acquire(&shared.key, token, &shared.identity(), ttl);
             Response::Acquire(outcome.await)
         }),
         Action::Renew {
             term, fence, ttl, ..
         } => {
-            shared.renewal_sent(shared.clock.now());
+            shared.renewal_sent(shared.clock().now());
             Box::pin(async move {
                 let token = shared.owner.token(term);
                 Response::Renew(service.renew(&shared.key, token, fence, ttl).await)
@@ -483,7 +483,7 @@ mod tests {
     async fn a_lease_in_a_set_stays_small() {
         let shared = Shared::sample();
         let service = Arc::new(MemoryService::new());
-        let lease = Lease::new(shared.config);
+        let lease = Lease::new(shared.config());
         let watch = revoked(&service, &shared, &lease, Fence(1));
         let (entry, watch) = (size_of::<Option<Entry>>(), size_of_val(&*watch));
         println!(

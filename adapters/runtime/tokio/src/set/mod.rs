@@ -13,7 +13,8 @@ use std::sync::Arc;
 use leasehold::Config;
 use leasehold_driver::LockService;
 
-use crate::acquire::{self, AcquireError, AcquireOptions};
+use crate::acquire::{self, default_identity, AcquireError, AcquireOptions};
+use crate::shared::Common;
 use crate::{LeaseClock, LeaseHandle};
 use driver::Driver;
 use wake::{Inbox, Registration};
@@ -71,10 +72,10 @@ pub struct LeaseSet<S> {
 
 struct Inner<S> {
     service: Arc<S>,
-    config: Config,
-    /// One clock for the set: every lease's instants, and every driver's deadlines, count
-    /// from the same origin.
-    clock: LeaseClock,
+    /// The config, the clock and the default identity, shared by every lease of the
+    /// set that names no identity of its own. One clock: every lease's instants, and
+    /// every driver's deadlines, count from the same origin.
+    common: Arc<Common>,
     drivers: Box<[Arc<Inbox>]>,
     /// The driver the next lease goes to (round robin).
     next: AtomicUsize,
@@ -99,7 +100,7 @@ impl<S> Clone for LeaseSet<S> {
 impl<S> fmt::Debug for LeaseSet<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeaseSet")
-            .field("config", &self.inner.config)
+            .field("config", &self.inner.common.config)
             .field("drivers", &self.inner.drivers.len())
             .finish_non_exhaustive()
     }
@@ -128,8 +129,11 @@ impl<S: LockService + 'static> LeaseSet<S> {
         LeaseSet {
             inner: Arc::new(Inner {
                 service,
-                config,
-                clock,
+                common: Arc::new(Common {
+                    config,
+                    clock,
+                    identity: default_identity(),
+                }),
                 drivers,
                 next: AtomicUsize::new(0),
             }),
@@ -138,7 +142,7 @@ impl<S: LockService + 'static> LeaseSet<S> {
 
     /// The config every lease of the set uses.
     pub fn config(&self) -> Config {
-        self.inner.config
+        self.inner.common.config
     }
 
     /// [`acquire`](crate::acquire) in this set: waits while the key is held, then
@@ -175,9 +179,8 @@ impl<S: LockService + 'static> LeaseSet<S> {
             acquire::start(
                 service,
                 key,
-                inner.config,
+                Arc::clone(&inner.common),
                 options,
-                inner.clock,
                 |shared, give_up_at| {
                     let n = inner.next.fetch_add(1, Ordering::Relaxed) % inner.drivers.len();
                     if let Some(driver) = inner.drivers.get(n) {
