@@ -35,7 +35,7 @@ async fn drive<S: LockService + 'static>(timed: Timed<S>, give_up_at: Instant) {
         service: &timed,
         key: &shared.key,
         owner: shared.owner,
-        identity: &shared.identity(),
+        identity: shared.identity(),
     };
     // A fresh lease is never mid-term, so this cannot fail; if it ever did, the
     // guard above ends the term as "driver stopped", which is the safe reading.
@@ -52,7 +52,7 @@ async fn drive<S: LockService + 'static>(timed: Timed<S>, give_up_at: Instant) {
     #[cfg(feature = "tracing")]
     let term = tracing::Instrument::instrument(
         term,
-        crate::trace::lease_span(&shared.key, &shared.identity()),
+        crate::trace::lease_span(&shared.key, shared.identity()),
     );
     // Awaited apart from the call, so the call's temporaries do not take room in the
     // task next to the loop's own future.

@@ -434,7 +434,7 @@ fn send<S: LockService + 'static>(
     match action {
         Action::Acquire { term, ttl, .. } => Box::pin(async move {
             let token = shared.owner.token(term);
-            let outcome = service.acquire(&shared.key, token, &shared.identity(), ttl);
+            let outcome = service.acquire(&shared.key, token, shared.identity(), ttl);
             Response::Acquire(outcome.await)
         }),
         Action::Renew {
