@@ -330,12 +330,17 @@ fn status_shows_the_holder_and_raise_fence_moves_the_next_fence() {
         c
     });
     let json = text(&out.stdout);
-    assert!(
-        json.starts_with(
-            r#"{"key":"st","held":true,"holder":"holder-\"A\"","fence":1,"remaining_ms":"#
-        ),
-        "{json}"
-    );
+    let prefix = r#"{"key":"st","held":true,"holder":"holder-\"A\"","fence":"#;
+    assert!(json.starts_with(prefix), "{json}");
+    // A new key's first fence is Redis's clock in µs.
+    let fence: u64 = json[prefix.len()..]
+        .split(',')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(fence > 1_700_000_000_000_000, "{json}");
+    assert!(json.contains(r#","remaining_ms":"#), "{json}");
     let remaining: u64 = json
         .trim()
         .trim_end_matches('}')
@@ -352,15 +357,16 @@ fn status_shows_the_holder_and_raise_fence_moves_the_next_fence() {
     });
     let human = text(&out.stdout);
     assert!(
-        human.starts_with("\"st\" is held by holder-\"A\" (fence 1), "),
+        human.starts_with(&format!("\"st\" is held by holder-\"A\" (fence {fence}), ")),
         "{human}"
     );
     std::fs::write(d.join("stop"), "").unwrap();
     assert_eq!(holder.wait(Duration::from_secs(10)).code(), Some(0));
 
+    // Raised past the clock, the counter decides the next fence.
     let out = output({
         let mut c = leasehold(&url, d);
-        c.args(["raise-fence", "st", "1000"]);
+        c.args(["raise-fence", "st", "10000000000000000"]);
         c
     });
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
@@ -376,7 +382,7 @@ fn status_shows_the_holder_and_raise_fence_moves_the_next_fence() {
         ]);
         c
     });
-    assert_eq!(text(&out.stdout).trim(), "1001 st");
+    assert_eq!(text(&out.stdout).trim(), "10000000000000001 st");
 
     let etcd = EtcdCluster::single();
     let etcd_url = format!(

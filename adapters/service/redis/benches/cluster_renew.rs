@@ -21,10 +21,10 @@ use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration as StdDuration, Instant};
 
-use common::{ms, raw_value, COMPARE_PEXPIRE};
-use leasehold::{Fence, Identity, Owner, OwnerToken, RenewOutcome, Term};
+use common::{bench_acquire, ms, raw_value, BENCH_FENCE, COMPARE_PEXPIRE};
+use leasehold::{Owner, OwnerToken, RenewOutcome, Term};
 use leasehold_driver::LockService;
-use leasehold_redis::{Acquired, RedisClusterLockService, RedisLockService};
+use leasehold_redis::{RedisClusterLockService, RedisLockService};
 use leasehold_test_support::bench::load_average;
 use leasehold_test_support::RedisCluster;
 
@@ -64,11 +64,7 @@ fn main() {
             .await
             .expect("SCRIPT LOAD");
         for i in 0..k {
-            let granted = leasehold
-                .try_acquire(&format!("lh:{i}"), token, &Identity::EMPTY, ms(TTL_MS))
-                .await
-                .expect("leasehold acquire");
-            assert!(matches!(granted, Acquired::Granted { .. }), "{granted:?}");
+            bench_acquire(&leasehold, &format!("lh:{i}"), token, ms(TTL_MS)).await;
             let _: () = redis::cmd("SET")
                 .arg(format!("raw:{i}"))
                 .arg(raw_value(token))
@@ -151,7 +147,7 @@ where
 
 async fn renew_leasehold(service: &RedisClusterLockService, i: usize, token: OwnerToken) {
     let key = format!("lh:{i}");
-    let answer = LockService::renew(service, &key, token, Fence(1), ms(TTL_MS)).await;
+    let answer = LockService::renew(service, &key, token, BENCH_FENCE, ms(TTL_MS)).await;
     assert!(
         matches!(answer, RenewOutcome::Renewed { .. }),
         "leasehold renew: {answer:?}"

@@ -37,9 +37,9 @@ use std::rc::Rc;
 use std::time::{Duration as StdDuration, Instant as StdInstant};
 
 use common::*;
-use leasehold::{Fence, Indeterminate, Owner, OwnerToken, RenewOutcome, Term};
+use leasehold::{Indeterminate, Owner, OwnerToken, RenewOutcome, Term};
 use leasehold_driver::LockService;
-use leasehold_redis::{Acquired, RedisLockService};
+use leasehold_redis::RedisLockService;
 use redis::aio::MultiplexedConnection;
 
 /// Long enough that no lease expires between its turns, however long the rounds.
@@ -200,30 +200,8 @@ impl Peers {
         let max = LEASES.iter().copied().max().unwrap_or(0);
         let mut rslocks = Vec::with_capacity(max);
         for i in 0..max {
-            let granted = leasehold
-                .try_acquire(
-                    &leasehold_key(i),
-                    token,
-                    &leasehold::Identity::EMPTY,
-                    ms(TTL_MS),
-                )
-                .await
-                .expect("leasehold acquire");
-            assert!(
-                matches!(
-                    granted,
-                    Acquired::Granted {
-                        fence: Fence(1),
-                        ..
-                    }
-                ),
-                "{granted:?}"
-            );
-            let granted = leasehold_mux
-                .try_acquire(&mux_key(i), token, &leasehold::Identity::EMPTY, ms(TTL_MS))
-                .await
-                .expect("leasehold-mux acquire");
-            assert!(matches!(granted, Acquired::Granted { .. }), "{granted:?}");
+            bench_acquire(&leasehold, &leasehold_key(i), token, ms(TTL_MS)).await;
+            bench_acquire(&leasehold_mux, &mux_key(i), token, ms(TTL_MS)).await;
             // The raw peer's value: the same bytes as leasehold's (`<token>\n<fence>\n`,
             // empty identity), so both scripts compare equally long strings.
             let set: redis::Value = redis::cmd("SET")
@@ -355,11 +333,12 @@ where
 {
     tokio::task::spawn_local(async move {
         loop {
-            let more = match LockService::renew(&service, &key, token, Fence(1), ms(TTL_MS)).await {
-                RenewOutcome::Renewed { .. } => window.counted(),
-                RenewOutcome::Indeterminate(Indeterminate::Timeout) => window.timed_out(),
-                other => panic!("leasehold renew answered {other:?}"),
-            };
+            let more =
+                match LockService::renew(&service, &key, token, BENCH_FENCE, ms(TTL_MS)).await {
+                    RenewOutcome::Renewed { .. } => window.counted(),
+                    RenewOutcome::Indeterminate(Indeterminate::Timeout) => window.timed_out(),
+                    other => panic!("leasehold renew answered {other:?}"),
+                };
             if !more {
                 break;
             }

@@ -328,7 +328,7 @@ impl fmt::Display for RedisLockError {
                     (Refusal::Unauthorized, "NOPERM") => (
                         "permission denied",
                         "grant the Redis user the commands EVALSHA, SCRIPT, GET, SET, INCR, \
-                         PEXPIRE, PTTL and DEL on the lock keys (ACL SETUSER)",
+                         TIME, PEXPIRE, PTTL and DEL on the lock keys (ACL SETUSER)",
                     ),
                     (Refusal::Unauthorized, "NOAUTH") => (
                         "authentication failed: check the password",

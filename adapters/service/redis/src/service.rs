@@ -225,7 +225,8 @@ where
 
     /// Acquires lock `name` for `token`, presenting `identity`, for `ttl` (in whole
     /// milliseconds, rounded up, at least 1 ms: the TTL applied is in the answer), in
-    /// one script: `INCR {name}:fence` plus `SET {name} <token>\n<fence>\n<identity>
+    /// one script: the fence counter `{name}:fence` raised (`INCR`, or to Redis's
+    /// clock in µs if that is larger) plus `SET {name} <token>\n<fence>\n<identity>
     /// PX ttl`; or, if `token` already holds it, `PEXPIRE` with the same fence.
     pub async fn try_acquire(
         &self,

@@ -33,7 +33,7 @@ fn main() {
     let args = Arguments::from_args();
     let tests: Vec<(&str, fn())> = vec![
         (
-            "restart_without_persistence_resets_the_fence_counter",
+            "restart_without_persistence_keeps_fences_increasing",
             restart_without_persistence,
         ),
         (
@@ -65,7 +65,7 @@ fn main() {
             failover_replicated,
         ),
         (
-            "failover_to_a_replica_that_lost_the_grant",
+            "failover_to_a_replica_that_lost_the_grant_still_hands_out_a_newer_fence",
             failover_lost_write,
         ),
         (
@@ -115,11 +115,8 @@ fn restart_without_persistence() {
     run_local(async {
         let service = service(&server.url()).await;
         let storage = Storage::default();
-        // Some history: the counter is at 40.
-        service.raise_fence("r", Fence(40)).await.unwrap();
         let mut a = spawn_term(service.clone(), "r", config(1_000));
         let (fence_a, _) = a.acquired(std_ms(2_000)).await;
-        assert_eq!(fence_a, Fence(41));
         assert!(try_write(&a, &storage).unwrap().is_ok());
 
         let killed = mono_now();
@@ -127,44 +124,29 @@ fn restart_without_persistence() {
         // A learns at its next renewal: the key is gone → NotOwner.
         let (lost_at, reason) = a.lost(std_ms(3_000)).await;
         assert_eq!(reason, LossReason::NotOwner);
+
+        // The counter was lost with the data, but a grant's fence is at least Redis's
+        // clock in µs: the new holder's fence is above A's, storage admits it, and a
+        // late write from A (it passed its check before the restart) is refused.
+        let mut b = spawn_term(service.clone(), "r", config(1_000));
+        let (fence_b, _) = b.acquired(std_ms(2_000)).await;
+        assert!(fence_b > fence_a, "{fence_b} after {fence_a}");
+        assert!(try_write(&b, &storage).unwrap().is_ok());
+        assert_eq!(
+            storage.write(fence_a).unwrap_err().newest,
+            fence_b,
+            "the old holder's late write is stale"
+        );
+        storage.assert_no_stale_admitted();
         report(
             "restart_without_persistence",
             format!(
                 "old holder's gate closed {} ms after the kill (its next renewal); the grant \
-                 vanished at the kill",
+                 vanished at the kill; {fence_a}, then {fence_b} from Redis's clock",
                 lost_at.saturating_duration_since(killed).as_millis()
             ),
         );
-
-        // The counter restarted from zero: a new holder gets fence 1 < 41.
-        let b_token = leasehold_redis::random_owner().token(leasehold::Term(1));
-        let Acquired::Granted { fence: fence_b, .. } = service
-            .try_acquire("r", b_token, &leasehold::Identity::EMPTY, ms(1_000))
-            .await
-            .unwrap()
-        else {
-            panic!("free after the restart")
-        };
-        assert_eq!(fence_b, Fence(1), "the counter was lost with the data");
-        // Storage still knows 41: it rejects the new holder. Fail-safe, but stuck.
-        assert_eq!(
-            storage.write(fence_b).unwrap_err().newest,
-            Fence(41),
-            "stale to storage"
-        );
-        service.try_release("r", b_token).await.unwrap();
-
-        // Recovery: seed the counter from storage's newest fence.
-        let newest = storage.newest().unwrap();
-        assert_eq!(service.raise_fence("r", newest).await.unwrap(), Fence(41));
-        let mut c = spawn_term(service.clone(), "r", config(1_000));
-        let (fence_c, _) = c.acquired(std_ms(2_000)).await;
-        assert_eq!(fence_c, Fence(42));
-        assert!(try_write(&c, &storage).unwrap().is_ok());
-        // A late write from the old holder (it passed its check before the restart).
-        assert!(storage.write(fence_a).is_err());
-        storage.assert_no_stale_admitted();
-        assert_eq!(c.release().await, TermEnd::Released);
+        assert_eq!(b.release().await, TermEnd::Released);
         assert_eq!(a.end().await, TermEnd::Lost(LossReason::NotOwner));
     });
 }
@@ -754,20 +736,25 @@ fn failover_lost_write() {
         let proxy = Proxy::start(primary.port()).await;
         let service = service(&proxy_url(&proxy)).await;
         let storage = Storage::default();
-        // History that did replicate: fence 1.
+        // History that did replicate: one grant, released.
         let first = leasehold_redis::random_owner().token(leasehold::Term(1));
-        service
+        let Acquired::Granted {
+            fence: replicated, ..
+        } = service
             .try_acquire("lw", first, &leasehold::Identity::EMPTY, ms(1_000))
             .await
-            .unwrap();
+            .unwrap()
+        else {
+            panic!("free")
+        };
         service.try_release("lw", first).await.unwrap();
-        wait_replicated(&replica, "{lw}:fence", "1").await;
+        wait_replicated(&replica, "{lw}:fence", &replicated.0.to_string()).await;
 
-        // The replication link stalls; A's grant (fence 2) reaches only the primary.
+        // The replication link stalls; A's grant and its counter reach only the primary.
         link.set_mode(ProxyMode::Stall);
         let mut a = spawn_term(service.clone(), "lw", config(1_000));
         let (fence_a, _) = a.acquired(std_ms(2_000)).await;
-        assert_eq!(fence_a, Fence(2));
+        assert!(fence_a > replicated);
         assert!(try_write(&a, &storage).unwrap().is_ok());
         primary.kill();
         link.cut();
@@ -775,9 +762,11 @@ fn failover_lost_write() {
         proxy.retarget(replica.port());
         proxy.cut();
 
-        // The new primary never saw A's grant nor its INCR. A second client acquires
-        // at once and gets the SAME fence: a double grant the fence gate cannot see,
-        // because equal fences look like one holder writing twice.
+        // The new primary never saw A's grant nor its counter, and grants the key at
+        // once: two holders until A's next renewal. But the fence is at least the new
+        // primary's clock in µs, so it is above A's (a counter alone would have handed
+        // out A's fence again, a double grant the fence gate cannot see): storage
+        // admits B and then refuses A.
         let direct = service_at(&replica).await;
         let b_token = leasehold_redis::random_owner().token(leasehold::Term(1));
         let Acquired::Granted { fence: fence_b, .. } = direct
@@ -787,14 +776,18 @@ fn failover_lost_write() {
         else {
             panic!("the new primary has no holder")
         };
-        assert_eq!(fence_b, fence_a, "asynchronous replication lost the INCR");
+        assert!(fence_b > fence_a, "{fence_b} after {fence_a}");
+        assert!(storage.write(fence_b).is_ok());
         let a_write_during_overlap = try_write(&a, &storage);
-        assert!(storage.write(fence_b).is_ok(), "an equal fence is admitted");
+        assert!(
+            a_write_during_overlap.is_none_or(|write| write.is_err()),
+            "A's write after B's is refused"
+        );
         report(
             "failover_lost_write",
             format!(
-                "new primary granted {fence_b} again (A holds {fence_a}); A's overlapping write \
-                 admitted: {:?}",
+                "new primary granted {fence_b} (A holds {fence_a}, which the replica never \
+                 saw); A's overlapping write admitted: {:?}",
                 a_write_during_overlap.map(|r| r.is_ok())
             ),
         );
@@ -802,24 +795,7 @@ fn failover_lost_write() {
         let (_, reason) = a.lost(std_ms(3_000)).await;
         assert_eq!(reason, LossReason::NotOwner);
         direct.try_release("lw", b_token).await.unwrap();
-
-        // The recovery procedure: seed the counter from storage before granting again.
-        let newest = storage.newest().unwrap();
-        direct.raise_fence("lw", newest).await.unwrap();
-        let c_token = leasehold_redis::random_owner().token(leasehold::Term(1));
-        let Acquired::Granted { fence: fence_c, .. } = direct
-            .try_acquire("lw", c_token, &leasehold::Identity::EMPTY, ms(1_000))
-            .await
-            .unwrap()
-        else {
-            panic!("free")
-        };
-        assert!(fence_c > fence_a);
-        assert!(storage.write(fence_c).is_ok());
-        assert!(
-            storage.write(fence_a).is_err(),
-            "A's late write after the seeded grant"
-        );
+        assert!(storage.write(fence_a).is_err(), "A's late write");
         storage.assert_no_stale_admitted();
     });
 }
@@ -858,9 +834,8 @@ fn lost_acquire_answer() {
         // retry presents the same token and is granted again with the same fence.
         proxy.set_mode(ProxyMode::Forward);
         let (fence, _) = a.acquired(std_ms(2_000)).await;
-        assert_eq!(fence, Fence(1));
         let counter: String = raw.get("{lost}:fence").await.unwrap();
-        assert_eq!(counter, "1", "no fence spent on the retry");
+        assert_eq!(counter, fence.0.to_string(), "no fence spent on the retry");
         let holder = stored_token(&mut raw, "lost").await;
         assert_eq!(holder, Some(a.token()));
         assert_eq!(a.release().await, TermEnd::Released);

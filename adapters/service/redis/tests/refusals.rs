@@ -392,10 +392,13 @@ fn a_read_only_replica_is_indeterminate_never_a_refusal() {
         let on_replica = service(&replica.url()).await;
         let t = token(1, 1);
         // A grant made on the primary, replicated.
-        on_primary
+        let leasehold_redis::Acquired::Granted { fence, .. } = on_primary
             .try_acquire("ro", t, &Identity::new("p").unwrap(), ms(10_000))
             .await
-            .unwrap();
+            .unwrap()
+        else {
+            panic!("free")
+        };
         let replica_conn = raw(&replica.url()).await;
         wait_for("replication", std_ms(5_000), || {
             let mut conn = replica_conn.clone();
@@ -412,11 +415,11 @@ fn a_read_only_replica_is_indeterminate_never_a_refusal() {
             AcquireOutcome::Indeterminate(Indeterminate::Service)
         );
         assert_eq!(
-            LockService::renew(&on_replica, "ro", t, Fence(1), ms(1_000)).await,
+            LockService::renew(&on_replica, "ro", t, fence, ms(1_000)).await,
             RenewOutcome::Indeterminate(Indeterminate::Service)
         );
         let err = on_replica
-            .try_renew("ro", t, Fence(1), ms(1_000))
+            .try_renew("ro", t, fence, ms(1_000))
             .await
             .unwrap_err();
         assert_eq!(err.service_code(), Some("READONLY"), "{err}");
@@ -425,7 +428,7 @@ fn a_read_only_replica_is_indeterminate_never_a_refusal() {
         let HolderOutcome::Held(holder) = LockService::holder(&on_replica, "ro").await else {
             panic!("the replicated grant")
         };
-        assert_eq!((holder.identity.as_str(), holder.fence), ("p", Fence(1)));
+        assert_eq!((holder.identity.as_str(), holder.fence), ("p", fence));
     });
 }
 

@@ -34,17 +34,31 @@ fn acquire_regrant_held_renew_release_and_fences() {
             .try_acquire("k", a, &id("host-a:1"), ms(1_000))
             .await
             .unwrap();
+        let Acquired::Granted { fence, .. } = first else {
+            panic!("{first:?}")
+        };
         assert_eq!(
             first,
             Acquired::Granted {
-                fence: Fence(1),
+                fence,
                 ttl: ms(1_000),
                 regranted: false
             },
             "the TTL applied, exactly, never a PTTL read back"
         );
+        // A new key's first fence is Redis's clock in µs (a restart that loses the
+        // counter cannot go back below it).
+        let time: Vec<u64> = redis::cmd("TIME").query_async(&mut raw).await.unwrap();
+        let clock = time[0] * 1_000_000 + time[1];
+        assert!(
+            fence.0 <= clock && fence.0 > clock - 60_000_000,
+            "{fence} at {clock}"
+        );
         let stored: String = raw.get("{k}").await.unwrap();
-        assert_eq!(stored, format!("{}\n1\nhost-a:1", a.encode().as_str()));
+        assert_eq!(
+            stored,
+            format!("{}\n{}\nhost-a:1", a.encode().as_str(), fence.0)
+        );
 
         // The same token again (its first answer was lost): same fence, expiry reset.
         let again = service
@@ -54,7 +68,7 @@ fn acquire_regrant_held_renew_release_and_fences() {
         assert_eq!(
             again,
             Acquired::Granted {
-                fence: Fence(1),
+                fence,
                 ttl: ms(2_000),
                 regranted: true
             }
@@ -74,7 +88,7 @@ fn acquire_regrant_held_renew_release_and_fences() {
             panic!("{busy:?}")
         };
         assert_eq!(holder.identity.as_str(), "host-a:1");
-        assert_eq!(holder.fence, Fence(1));
+        assert_eq!(holder.fence, fence);
         assert!(
             holder.remaining > ms(1_000) && holder.remaining <= ms(2_000),
             "{holder:?}"
@@ -86,24 +100,18 @@ fn acquire_regrant_held_renew_release_and_fences() {
         );
 
         assert_eq!(
-            service
-                .try_renew("k", b, Fence(1), ms(1_000))
-                .await
-                .unwrap(),
+            service.try_renew("k", b, fence, ms(1_000)).await.unwrap(),
             Renewed::NotOwner
         );
         assert_eq!(
-            service
-                .try_renew("k", a, Fence(1), ms(5_000))
-                .await
-                .unwrap(),
+            service.try_renew("k", a, fence, ms(5_000)).await.unwrap(),
             Renewed::Renewed { ttl: ms(5_000) }
         );
         let pttl: i64 = raw.pttl("{k}").await.unwrap();
         assert!(pttl > 4_900, "renew applied PEXPIRE: {pttl}");
         // A renewal replaces the expiry, also with a shorter one.
         assert_eq!(
-            LockService::renew(&service, "k", a, Fence(1), ms(3_000)).await,
+            LockService::renew(&service, "k", a, fence, ms(3_000)).await,
             RenewOutcome::Renewed { ttl: ms(3_000) }
         );
         let pttl: i64 = raw.pttl("{k}").await.unwrap();
@@ -125,10 +133,7 @@ fn acquire_regrant_held_renew_release_and_fences() {
         let gone: Option<String> = raw.get("{k}").await.unwrap();
         assert_eq!(gone, None);
         assert_eq!(
-            service
-                .try_renew("k", a, Fence(1), ms(1_000))
-                .await
-                .unwrap(),
+            service.try_renew("k", a, fence, ms(1_000)).await.unwrap(),
             Renewed::NotOwner,
             "renew never re-creates a deleted key"
         );
@@ -137,17 +142,17 @@ fn acquire_regrant_held_renew_release_and_fences() {
 
         // The counter survives the lock key: the next grant is newer.
         let counter: String = raw.get("{k}:fence").await.unwrap();
-        assert_eq!(counter, "1");
+        assert_eq!(counter, fence.0.to_string());
         assert!(matches!(
             service
                 .try_acquire("k", b, &Identity::EMPTY, ms(1_000))
                 .await
                 .unwrap(),
             Acquired::Granted {
-                fence: Fence(2),
+                fence: next,
                 regranted: false,
                 ..
-            }
+            } if next > fence
         ));
     });
 }
@@ -159,50 +164,61 @@ fn a_renewal_with_the_right_token_and_another_fence_is_not_owner() {
         let service = service(&server.url()).await;
         let a = token(0xa, 1);
         let who = id("a");
-        // Grant 1 to `a`; the key is deleted (released, expired); a late duplicate
-        // acquire by the same token re-creates it with fence 2.
-        service.try_acquire("f", a, &who, ms(1_000)).await.unwrap();
+        // A grant to `a`; the key is deleted (released, expired); a late duplicate
+        // acquire by the same token re-creates it with a newer fence.
+        let Acquired::Granted { fence: first, .. } =
+            service.try_acquire("f", a, &who, ms(1_000)).await.unwrap()
+        else {
+            panic!("free")
+        };
         service.try_release("f", a).await.unwrap();
-        assert!(matches!(
-            service.try_acquire("f", a, &who, ms(1_000)).await.unwrap(),
-            Acquired::Granted {
-                fence: Fence(2),
-                regranted: false,
-                ..
-            }
-        ));
-        // The renewal of grant 1 must not extend grant 2.
+        let Acquired::Granted {
+            fence: second,
+            regranted: false,
+            ..
+        } = service.try_acquire("f", a, &who, ms(1_000)).await.unwrap()
+        else {
+            panic!("free")
+        };
+        assert!(second > first);
+        // The renewal of the first grant must not extend the second.
         assert_eq!(
-            LockService::renew(&service, "f", a, Fence(1), ms(1_000)).await,
+            LockService::renew(&service, "f", a, first, ms(1_000)).await,
             RenewOutcome::NotOwner
         );
         assert_eq!(
             service
-                .try_renew("f", a, Fence(3), ms(1_000))
+                .try_renew("f", a, Fence(second.0 + 1), ms(1_000))
                 .await
                 .unwrap(),
             Renewed::NotOwner
         );
-        // Nor a fence that is a prefix of the stored one, or has a leading zero.
-        service.raise_fence("f", Fence(20)).await.unwrap();
+        // Nor a fence that is a prefix of the stored one, or has a leading zero: past
+        // the clock, the counter decides (fences 20 · 10^15 and 20 · 10^15 + 1).
+        service
+            .raise_fence("f", Fence(20_000_000_000_000_000))
+            .await
+            .unwrap();
         service.try_release("f", a).await.unwrap();
         assert!(matches!(
             service.try_acquire("f", a, &who, ms(1_000)).await.unwrap(),
             Acquired::Granted {
-                fence: Fence(21),
+                fence: Fence(20_000_000_000_000_001),
                 ..
             }
         ));
+        for other in [2_000_000_000_000_000, 20_000_000_000_000_000] {
+            assert_eq!(
+                service
+                    .try_renew("f", a, Fence(other), ms(1_000))
+                    .await
+                    .unwrap(),
+                Renewed::NotOwner
+            );
+        }
         assert_eq!(
             service
-                .try_renew("f", a, Fence(2), ms(1_000))
-                .await
-                .unwrap(),
-            Renewed::NotOwner
-        );
-        assert_eq!(
-            service
-                .try_renew("f", a, Fence(21), ms(1_000))
+                .try_renew("f", a, Fence(20_000_000_000_000_001), ms(1_000))
                 .await
                 .unwrap(),
             Renewed::Renewed { ttl: ms(1_000) }
@@ -220,29 +236,26 @@ fn holder_reports_identity_fence_and_remaining_ttl_or_free() {
             HolderOutcome::Free
         );
         let a = token(1, 1);
-        service
+        let Acquired::Granted { fence, .. } = service
             .try_acquire("h", a, &id("worker-3 (pid 4711)"), ms(2_000))
             .await
-            .unwrap();
+            .unwrap()
+        else {
+            panic!("free")
+        };
         let HolderOutcome::Held(holder) = LockService::holder(&service, "h").await else {
             panic!("held")
         };
         assert_eq!(holder.identity.as_str(), "worker-3 (pid 4711)");
-        assert_eq!(holder.fence, Fence(1));
+        assert_eq!(holder.fence, fence);
         assert!(
             holder.remaining > ms(1_500) && holder.remaining <= ms(2_000),
             "{holder:?}"
         );
         // It changes nothing: the same answer again, and the holder still renews.
-        assert_eq!(
-            service.try_holder("h").await.unwrap().unwrap().fence,
-            Fence(1)
-        );
+        assert_eq!(service.try_holder("h").await.unwrap().unwrap().fence, fence);
         assert!(matches!(
-            service
-                .try_renew("h", a, Fence(1), ms(2_000))
-                .await
-                .unwrap(),
+            service.try_renew("h", a, fence, ms(2_000)).await.unwrap(),
             Renewed::Renewed { .. }
         ));
         // An anonymous holder, and non-ASCII text.
@@ -254,7 +267,7 @@ fn holder_reports_identity_fence_and_remaining_ttl_or_free() {
             .unwrap();
         let held = service.try_holder("h").await.unwrap().unwrap();
         assert!(held.identity.is_empty());
-        assert_eq!(held.fence, Fence(2));
+        assert!(held.fence > fence);
         service.try_release("h", b).await.unwrap();
         service
             .try_acquire("h", b, &id("nœud-é"), ms(2_000))
@@ -277,46 +290,51 @@ fn holder_reports_identity_fence_and_remaining_ttl_or_free() {
 
 #[test]
 fn raise_fence_seeds_the_next_grant_and_leaves_a_held_grant_alone() {
+    // Above Redis's clock in µs (about 1.8 · 10^15 now), so the counter decides.
+    const ABOVE: u64 = 10_000_000_000_000_000;
     let server = RedisServer::start();
     run_local(async {
         let service = service(&server.url()).await;
         let who = id("r");
         assert_eq!(
-            service.raise_fence("r", Fence(41)).await.unwrap(),
-            Fence(41)
+            service.raise_fence("r", Fence(ABOVE + 41)).await.unwrap(),
+            Fence(ABOVE + 41)
         );
-        assert_eq!(service.raise_fence("r", Fence(7)).await.unwrap(), Fence(41));
+        assert_eq!(
+            service.raise_fence("r", Fence(ABOVE + 7)).await.unwrap(),
+            Fence(ABOVE + 41)
+        );
         let a = token(1, 1);
         assert!(matches!(
             service.try_acquire("r", a, &who, ms(1_000)).await.unwrap(),
             Acquired::Granted {
-                fence: Fence(42),
+                fence: f,
                 ..
-            }
+            } if f == Fence(ABOVE + 42)
         ));
         // Raising it while held: the holder keeps fence 42 and keeps renewing.
         assert_eq!(
-            service.raise_fence("r", Fence(100)).await.unwrap(),
-            Fence(100)
+            service.raise_fence("r", Fence(ABOVE + 100)).await.unwrap(),
+            Fence(ABOVE + 100)
         );
         assert_eq!(
             service
-                .try_renew("r", a, Fence(42), ms(1_000))
+                .try_renew("r", a, Fence(ABOVE + 42), ms(1_000))
                 .await
                 .unwrap(),
             Renewed::Renewed { ttl: ms(1_000) }
         );
         assert_eq!(
             service.try_holder("r").await.unwrap().unwrap().fence,
-            Fence(42)
+            Fence(ABOVE + 42)
         );
         service.try_release("r", a).await.unwrap();
         assert!(matches!(
             service.try_acquire("r", a, &who, ms(1_000)).await.unwrap(),
             Acquired::Granted {
-                fence: Fence(101),
+                fence: f,
                 ..
-            }
+            } if f == Fence(ABOVE + 101)
         ));
     });
 }
@@ -419,10 +437,13 @@ fn scripts_are_reloaded_transparently_after_script_flush() {
     run_local(async {
         let service = service(&server.url()).await;
         let a = token(1, 1);
-        service
+        let Acquired::Granted { fence, .. } = service
             .try_acquire("s", a, &Identity::EMPTY, ms(1_000))
             .await
-            .unwrap();
+            .unwrap()
+        else {
+            panic!("free")
+        };
         assert_eq!(service.script_reloads(), 0);
         let mut raw = raw(&server.url()).await;
         let _: () = redis::cmd("SCRIPT")
@@ -431,18 +452,12 @@ fn scripts_are_reloaded_transparently_after_script_flush() {
             .await
             .unwrap();
         assert!(matches!(
-            service
-                .try_renew("s", a, Fence(1), ms(1_000))
-                .await
-                .unwrap(),
+            service.try_renew("s", a, fence, ms(1_000)).await.unwrap(),
             Renewed::Renewed { .. }
         ));
         assert_eq!(service.script_reloads(), 1);
         // Loaded again: no further reload of that script…
-        service
-            .try_renew("s", a, Fence(1), ms(1_000))
-            .await
-            .unwrap();
+        service.try_renew("s", a, fence, ms(1_000)).await.unwrap();
         assert_eq!(service.script_reloads(), 1);
         // …while each other script is reloaded when first needed.
         assert_eq!(
@@ -514,11 +529,9 @@ fn both_keys_live_in_one_cluster_slot() {
         // …and runs ours.
         let service = service(&server.url()).await;
         let a = token(1, 1);
-        grant_renew_and_find_fence_1(&service, "orders", a, &id("c")).await;
-        assert_eq!(
-            service.raise_fence("orders", Fence(5)).await.unwrap(),
-            Fence(5)
-        );
+        let fence = grant_renew_and_find_fence(&service, "orders", a, &id("c")).await;
+        let above = Fence(fence.0 + 5);
+        assert_eq!(service.raise_fence("orders", above).await.unwrap(), above);
         assert_eq!(
             service.try_release("orders", a).await.unwrap(),
             Released::Released
@@ -546,16 +559,17 @@ fn the_service_is_send_and_shared_by_many_tasks_on_a_multi_threaded_runtime() {
                     let t = token(i, 1);
                     let who = Identity::new(&format!("task-{i}")).unwrap();
                     let granted = LockService::acquire(&*service, &key, t, &who, ms(1_000)).await;
-                    assert_eq!(
-                        granted,
-                        AcquireOutcome::Granted {
-                            fence: Fence(1),
-                            ttl: ms(1_000)
-                        }
-                    );
+                    let AcquireOutcome::Granted {
+                        fence,
+                        ttl: applied,
+                    } = granted
+                    else {
+                        panic!("{granted:?}")
+                    };
+                    assert_eq!(applied, ms(1_000));
                     for _ in 0..20 {
                         let renewed =
-                            LockService::renew(&*service, &key, t, Fence(1), ms(1_000)).await;
+                            LockService::renew(&*service, &key, t, fence, ms(1_000)).await;
                         assert_eq!(renewed, RenewOutcome::Renewed { ttl: ms(1_000) });
                     }
                     let held = LockService::holder(&*service, &key).await;
@@ -622,17 +636,16 @@ fn stalled_server_sees_at_most(bound: Option<usize>) {
         let granted = service
             .try_acquire("k", t, &id("host-a:1"), ms(60_000))
             .await;
-        assert!(
-            matches!(granted, Ok(Acquired::Granted { .. })),
-            "{granted:?}"
-        );
+        let Ok(Acquired::Granted { fence, .. }) = granted else {
+            panic!("{granted:?}")
+        };
         let before = scripts_run(&server);
 
         // Redis stops (SIGSTOP) with ten thousand renewals to send. On the virtual
         // clock, every call runs out of its 300 ms at the same instant.
         server.pause();
         tokio::time::pause();
-        let renewals = (0..CALLS).map(|_| service.try_renew("k", t, Fence(1), ms(60_000)));
+        let renewals = (0..CALLS).map(|_| service.try_renew("k", t, fence, ms(60_000)));
         let answers = futures::future::join_all(renewals).await;
         tokio::time::resume();
         server.resume();
@@ -653,7 +666,7 @@ fn stalled_server_sees_at_most(bound: Option<usize>) {
             "{sent} of {CALLS} timed-out calls reached Redis"
         );
         // The connection is as good as before.
-        let renewed = service.try_renew("k", t, Fence(1), ms(60_000)).await;
+        let renewed = service.try_renew("k", t, fence, ms(60_000)).await;
         assert!(
             matches!(renewed, Ok(Renewed::Renewed { .. })),
             "{renewed:?}"

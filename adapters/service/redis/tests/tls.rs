@@ -28,7 +28,7 @@ fn rediss_with_a_private_ca_and_a_password() {
             .await
             .expect("TLS connection with the private CA");
         let token = Owner([7; 16]).token(Term(1));
-        grant_renew_and_find_fence_1(&service, "tls", token, &leasehold::Identity::EMPTY).await;
+        grant_renew_and_find_fence(&service, "tls", token, &leasehold::Identity::EMPTY).await;
         assert_eq!(
             service.try_release("tls", token).await.unwrap(),
             Released::Released

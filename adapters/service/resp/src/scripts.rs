@@ -34,11 +34,20 @@ macro_rules! lock_value_pattern {
 /// `KEYS[1]` lock key, `KEYS[2]` fence counter; `ARGV[1]` owner token, `ARGV[2]` TTL in
 /// ms, `ARGV[3]` the holder's identity.
 ///
-/// Answers `{1, fence}` for a new grant (`INCR` of the counter, then `SET` of the lock
+/// Answers `{1, fence}` for a new grant (the counter raised, then `SET` of the lock
 /// key with `PX`), `{2, fence}` when the token already held the key (an earlier
 /// attempt whose answer was lost: same fence, expiry reset with `PEXPIRE`), and
 /// `{0, fence, identity, pttl}` when another token holds it. Fences travel as decimal
-/// strings, exact beyond Lua's 2^53. Errors: `LEASEHOLD` (the lock key or the counter
+/// strings, exact beyond Lua's 2^53.
+///
+/// A new grant's fence is the larger of the counter + 1 (`INCR`) and Redis's clock in
+/// µs since the Unix epoch (`TIME`, about 1.8 × 10^15 in 2027): a Redis that lost the
+/// counter (a restart without persistence, a snapshot restored, a replica promoted
+/// before the last grant reached it) still hands out fences above every earlier one,
+/// as long as its wall clock has not gone back by more than the time since that
+/// grant. The counter decides while it is ahead of the clock, so fences strictly
+/// increase whatever the clock does. (`redis.replicate_commands()` lets a write follow
+/// `TIME` on Redis 5 and 6; Redis 7 always replicates a script's effects.) Errors: `LEASEHOLD` (the lock key or the counter
 /// holds a value leasehold did not write), `LEASEHOLD_EXHAUSTED` (the counter is at
 /// 2^63 - 1, where `INCR` stops).
 pub const ACQUIRE: &str = concat!(
@@ -57,16 +66,19 @@ end
 return {0,f,i,redis.call('PTTL',KEYS[1])}
 end
 local c=redis.call('GET',KEYS[2])
-if c then
-if c~='0' and not string.match(c,'^[1-9]%d*$') then
+if c and c~='0' and not string.match(c,'^[1-9]%d*$') then
 return redis.error_reply('LEASEHOLD the fence counter is not a non-negative integer')
 end
-local n=#c
-if n>19 or (n==19 and c>='9223372036854775807') then
+if redis.replicate_commands then redis.replicate_commands() end
+local t=redis.call('TIME')
+local m=t[1]..string.sub('00000'..t[2],-6)
+if not c or #c<#m or (#c==#m and c<m) then
+redis.call('SET',KEYS[2],m)
+elseif #c>19 or (#c==19 and c>='9223372036854775807') then
 return redis.error_reply('LEASEHOLD_EXHAUSTED the fence counter is at 2^63-1, the most INCR can reach')
-end
-end
+else
 redis.call('INCR',KEYS[2])
+end
 local f=redis.call('GET',KEYS[2])
 redis.call('SET',KEYS[1],ARGV[1]..'\n'..f..'\n'..ARGV[3],'PX',ARGV[2])
 return {1,f}"
@@ -169,7 +181,7 @@ return {1, presented}
 pub const LOCK_VALUE_PATTERN: &str = lock_value_pattern!();
 
 /// SHA1 of [`ACQUIRE`], lowercase hex: what `EVALSHA` names it by.
-pub const ACQUIRE_SHA: &str = "60faec0a7aa180e3c95e0f61f63f745ad8e37bd9";
+pub const ACQUIRE_SHA: &str = "f10a070c4e75a91729d030ca99d8934c97babeab";
 /// SHA1 of [`RENEW`].
 pub const RENEW_SHA: &str = "50643318fe78c93e1b31fd505c872444956857d2";
 /// SHA1 of [`RELEASE`].

@@ -24,6 +24,7 @@ mod table;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::task::Poll;
 
 use leasehold::{
     AcquireOutcome, Duration, Fence, HolderOutcome, Identity, Owner, OwnerToken, ReleaseOutcome,
@@ -82,8 +83,6 @@ pub struct MemoryService {
     any_faults: AtomicBool,
     /// Wakes stalled requests after a fault changed.
     faults_changed: Notify,
-    /// Wakes revocation watchers after a key was revoked.
-    revocations: Notify,
 }
 
 /// The faults in force and what they did.
@@ -164,15 +163,16 @@ impl MemoryService {
     /// Deletes `key`'s grant from outside, as an operator would, and notifies its
     /// holder through `revoked`. Returns the grant that was deleted.
     pub fn revoke(&self, key: &str) -> Option<Grant> {
-        let grant = self
+        let revoked = self
             .shards
             .of(key)
             .table
             .revoke(key, tokio::time::Instant::now());
-        if grant.is_some() {
-            self.revocations.notify_waiters();
+        let (grant, watcher) = revoked?;
+        if let Some(watcher) = watcher {
+            watcher.wake();
         }
-        grant
+        Some(grant)
     }
 
     /// Ends `key`'s grant as if its TTL ran out now (a clock jump on the service, a
@@ -290,18 +290,16 @@ impl LockService for MemoryService {
         fence: Fence,
     ) -> impl Future<Output = ()> + Send {
         let _ = token;
-        async move {
-            loop {
-                let revoked = self.revocations.notified();
-                let mut revoked = std::pin::pin!(revoked);
-                // Register before looking, so a revocation in between still wakes us.
-                revoked.as_mut().enable();
-                if self.shards.of(key).table.was_revoked(key, fence) {
-                    return;
-                }
-                revoked.await;
+        // Looks and registers under the shard's lock, so a revocation cannot fall in
+        // between. A future of a few words: every held lease keeps one.
+        std::future::poll_fn(move |cx| {
+            let mut shard = self.shards.of(key);
+            if shard.table.watch_revocation(key, fence, cx.waker()) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
             }
-        }
+        })
     }
 }
 

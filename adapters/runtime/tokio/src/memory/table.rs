@@ -3,6 +3,7 @@
 //! re-acquire by the same token. Pure functions of the table and `now`.
 
 use std::collections::HashMap;
+use std::task::Waker;
 
 use leasehold::{
     AcquireOutcome, Fence, Holder, HolderOutcome, Identity, OwnerToken, ReleaseOutcome,
@@ -47,6 +48,10 @@ struct Key {
     last_fence: u64,
     /// The highest fence whose grant was revoked from outside.
     revoked_fence: u64,
+    /// Who waits for the revocation of which grant: the newest grant's watcher only
+    /// (an older grant is no longer live, so nothing can revoke it). One waker here,
+    /// not a waiting future per holder that every revocation wakes.
+    watcher: Option<(u64, Waker)>,
 }
 
 impl Key {
@@ -159,13 +164,15 @@ impl Table {
         self.keys.get_mut(key)?.live(now).copied()
     }
 
-    /// Deletes the live grant from outside and remembers it was revoked.
-    pub(crate) fn revoke(&mut self, key: &str, now: Instant) -> Option<Grant> {
+    /// Deletes the live grant from outside and remembers it was revoked; with it,
+    /// the waker of its watcher (to be woken once the table is unlocked).
+    pub(crate) fn revoke(&mut self, key: &str, now: Instant) -> Option<(Grant, Option<Waker>)> {
         let key = self.keys.get_mut(key)?;
         let grant = *key.live(now)?;
         key.grant = None;
         key.revoked_fence = key.revoked_fence.max(grant.fence.0);
-        Some(grant)
+        let watcher = key.watcher.take().map(|(_, waker)| waker);
+        Some((grant, watcher))
     }
 
     /// Ends the live grant as if its TTL ran out now (no notification).
@@ -176,11 +183,22 @@ impl Table {
         Some(grant)
     }
 
-    /// Whether the grant with `fence` (or a later one) of `key` was revoked.
-    pub(crate) fn was_revoked(&self, key: &str, fence: Fence) -> bool {
-        self.keys
-            .get(key)
-            .is_some_and(|key| key.revoked_fence >= fence.0)
+    /// Whether the grant with `fence` (or a later one) of `key` was revoked; if not,
+    /// `waker` is woken when it is. A watcher of a newer grant is kept in its place:
+    /// the grant with `fence` is then over already, and cannot be revoked.
+    pub(crate) fn watch_revocation(&mut self, key: &str, fence: Fence, waker: &Waker) -> bool {
+        let Some(key) = self.keys.get_mut(key) else {
+            return false; // never granted here, so never revoked
+        };
+        if key.revoked_fence >= fence.0 {
+            return true;
+        }
+        match &mut key.watcher {
+            Some((newer, _)) if *newer > fence.0 => {}
+            Some((same, known)) if *same == fence.0 && known.will_wake(waker) => {}
+            watcher => *watcher = Some((fence.0, waker.clone())),
+        }
+        false
     }
 
     pub(crate) fn len(&self) -> usize {

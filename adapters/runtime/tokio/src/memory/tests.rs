@@ -291,6 +291,75 @@ async fn revoke_notifies_the_holder_and_expire_now_does_not() {
     assert!(s.revoke("k").is_none(), "nothing left to revoke");
 }
 
+/// Counts its wake-ups.
+#[derive(Default)]
+struct Wakes(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for Wakes {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Wakes {
+    fn count(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A revocation wakes the watcher of the grant revoked, and nobody else: not the
+/// holders of other keys (with a hundred thousand leases, each revocation would
+/// otherwise poll every watch), not the watcher of an older grant of the same key,
+/// which ended before the newer one was granted. A watcher re-registering keeps its
+/// place.
+#[tokio::test(start_paused = true)]
+async fn a_revocation_wakes_only_the_watcher_of_the_grant_revoked() {
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Waker};
+    let s = MemoryService::new();
+    let (old, held, other) = (
+        Arc::new(Wakes::default()),
+        Arc::new(Wakes::default()),
+        Arc::new(Wakes::default()),
+    );
+    let poll = |future: std::pin::Pin<&mut dyn Future<Output = ()>>, wakes: &Arc<Wakes>| {
+        let waker = Waker::from(Arc::clone(wakes));
+        future.poll(&mut Context::from_waker(&waker))
+    };
+    assert_eq!(
+        s.acquire("k", token(1), &Identity::EMPTY, TTL).await,
+        granted(1)
+    );
+    assert_eq!(
+        s.acquire("o", token(3), &Identity::EMPTY, TTL).await,
+        granted(1)
+    );
+    let mut first = std::pin::pin!(s.revoked("k", token(1), Fence(1)));
+    assert_eq!(poll(first.as_mut(), &old), Poll::Pending);
+    s.expire_now("k").unwrap();
+    assert_eq!(
+        s.acquire("k", token(2), &Identity::EMPTY, TTL).await,
+        granted(2)
+    );
+    let mut second = std::pin::pin!(s.revoked("k", token(2), Fence(2)));
+    let mut elsewhere = std::pin::pin!(s.revoked("o", token(3), Fence(1)));
+    assert_eq!(poll(second.as_mut(), &held), Poll::Pending);
+    assert_eq!(poll(elsewhere.as_mut(), &other), Poll::Pending);
+    // The older grant's watcher polls again after the newer one registered.
+    assert_eq!(poll(first.as_mut(), &old), Poll::Pending);
+    assert_eq!(poll(second.as_mut(), &held), Poll::Pending);
+
+    assert_eq!(s.revoke("k").unwrap().fence, Fence(2));
+    assert_eq!((held.count(), other.count(), old.count()), (1, 0, 0));
+    assert_eq!(poll(second.as_mut(), &held), Poll::Ready(()));
+    assert_eq!(poll(elsewhere.as_mut(), &other), Poll::Pending);
+    // Polled, the older grant's watcher completes too: a later grant was revoked.
+    assert_eq!(poll(first.as_mut(), &old), Poll::Ready(()));
+}
+
 /// Keys are spread over shards: leases on many keys from several worker threads each
 /// get their own fence counter, and the service's counts add up over every shard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -478,7 +478,9 @@ mod tests {
     /// What a lease costs a set besides its shared state (the same as with a task of
     /// its own): its slot (the core, its request and watch, its deadline) and, for a
     /// service that can watch, the watch future; the request future lives only while
-    /// a request is in flight.
+    /// a request is in flight. The in-memory service's watch was 168 B while it
+    /// waited on a `Notify` shared by every watcher; it registers a waker with the key
+    /// now.
     #[tokio::test]
     async fn a_lease_in_a_set_stays_small() {
         let shared = Shared::sample();
@@ -492,6 +494,6 @@ mod tests {
             size_of::<Shared>(),
         );
         assert!(entry <= 224, "a slot is {entry} B");
-        assert!(watch <= 168, "the watch is {watch} B");
+        assert!(watch <= 80, "the watch is {watch} B");
     }
 }

@@ -456,34 +456,33 @@ impl Drop for KeyWatcher {
     }
 }
 
-/// On a fresh `key`: `token` is granted fence 1, renews it, and `holder` names fence 1.
-pub async fn grant_renew_and_find_fence_1(
+/// On a fresh `key`: `token` is granted, renews its fence, and `holder` names that
+/// fence; returns it.
+pub async fn grant_renew_and_find_fence(
     service: &RedisLockService,
     key: &str,
     token: OwnerToken,
     identity: &Identity,
-) {
+) -> Fence {
+    let granted = service
+        .try_acquire(key, token, identity, ms(1_000))
+        .await
+        .unwrap();
+    let Acquired::Granted { fence, .. } = granted else {
+        panic!("{granted:?}")
+    };
     assert!(matches!(
         service
-            .try_acquire(key, token, identity, ms(1_000))
-            .await
-            .unwrap(),
-        Acquired::Granted {
-            fence: Fence(1),
-            ..
-        }
-    ));
-    assert!(matches!(
-        service
-            .try_renew(key, token, Fence(1), ms(1_000))
+            .try_renew(key, token, fence, ms(1_000))
             .await
             .unwrap(),
         Renewed::Renewed { .. }
     ));
     assert_eq!(
         service.try_holder(key).await.unwrap().map(|h| h.fence),
-        Some(Fence(1))
+        Some(fence)
     );
+    fence
 }
 
 /// The raw peer's script in the renewal benches: compare the whole value, `PEXPIRE`
@@ -495,8 +494,35 @@ end
 return 0
 ";
 
+/// The fence every bench lease holds (17 digits; Redis's clock in µs has 16 until
+/// 2286): [`bench_acquire`] raises each key's counter to just below it first, so that
+/// the counter decides over the clock, a renewal knows its fence without asking, and
+/// the raw peer's value is as long as leasehold's.
+pub const BENCH_FENCE: Fence = Fence(10_000_000_000_000_001);
+
+/// Acquires `key` for `token` at [`BENCH_FENCE`], for `ttl`.
+pub async fn bench_acquire<C>(
+    service: &RedisLockService<C>,
+    key: &str,
+    token: OwnerToken,
+    ttl: Duration,
+) where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let below = Fence(BENCH_FENCE.0 - 1);
+    service.raise_fence(key, below).await.expect("raise_fence");
+    let granted = service
+        .try_acquire(key, token, &Identity::EMPTY, ttl)
+        .await
+        .expect("leasehold acquire");
+    assert!(
+        matches!(granted, Acquired::Granted { fence, .. } if fence == BENCH_FENCE),
+        "{granted:?}"
+    );
+}
+
 /// The raw peer's value: the same bytes as leasehold's (`<token>\n<fence>\n`, empty
-/// identity, fence 1), so both scripts compare equally long strings.
+/// identity, [`BENCH_FENCE`]), so both scripts compare equally long strings.
 pub fn raw_value(token: OwnerToken) -> String {
-    format!("{}\n1\n", token.encode().as_str())
+    format!("{}\n{}\n", token.encode().as_str(), BENCH_FENCE.0)
 }
