@@ -202,8 +202,9 @@ impl Config {
     /// [`ttl`](Self::ttl)): [`renew_interval`](Self::renew_interval) scaled by
     /// `granted / ttl`, so the cadence follows the granted TTL (every granted/3 by
     /// default). The share is kept to 31 bits, rounded up, and the product rounded
-    /// down: exact when the exact value is whole microseconds, otherwise at most
-    /// `1 + granted / 2^31` µs late (13 µs for a day-long TTL).
+    /// down: for a grant under 2^31 µs (about 36 minutes), exact when the exact value
+    /// is whole microseconds; always at most `1 + granted / 2^31` µs late (13 µs for a
+    /// day-long TTL).
     pub const fn renew_interval_for(&self, granted: Duration) -> Duration {
         if granted.as_micros() == self.ttl.as_micros() {
             return self.renew_interval;
@@ -237,7 +238,8 @@ const FRACTION_MASK: u64 = (1 << FRACTION_BITS) - 1;
 /// `ceil(part / whole * 2^31)` for `part < whole` (at most `2^31 - 1`), by restoring
 /// division: no 64-bit division routine (about 1 KiB of flash on a 32-bit MCU) and no
 /// 128-bit product. Rounding up makes `g * q / 2^31`, rounded down, exact whenever the
-/// exact share is a whole number of microseconds.
+/// exact share is a whole number of microseconds and `g` is below 2^31 µs (above it,
+/// the share's rounding error times `g` can reach a microsecond or more).
 const fn binary_fraction(part: u64, whole: u64) -> u32 {
     // Halve both until a doubled remainder cannot overflow; the ratio barely moves.
     let (mut part, mut whole) = (part, whole);

@@ -980,7 +980,9 @@ impl Lease {
         self.emit(event);
     }
 
-    /// `interval` times a factor in [0.5, 1.5], from the xorshift state.
+    /// `interval` times a factor in [0.5, 1.5], from the xorshift state; in whole µs,
+    /// half rounded up, so that even a 1 µs interval waits (a retry never falls in the
+    /// call that scheduled it) and an odd one never waits less than half.
     fn jittered(&mut self, interval: Duration) -> Duration {
         let mut x = self.jitter;
         x ^= x << 13;
@@ -995,7 +997,11 @@ impl Lease {
         y = y.wrapping_mul(0xc2b2_ae35);
         y ^= y >> 16;
         let ppm = ((u64::from(y >> 12) * 1_000_000) >> 20) as u32;
-        Duration::from_micros(interval.as_micros() >> 1).saturating_add(interval.ppm_ceil(ppm))
+        let micros = interval.as_micros();
+        let half_up = (micros >> 1).saturating_add(micros & 1);
+        Duration::from_micros(half_up)
+            .saturating_add(interval.ppm_ceil(ppm))
+            .min(Duration::from_micros(micros.saturating_add(micros >> 1)))
     }
 
     /// A blip is not loss: retry inside the remaining budget, never past it.

@@ -1209,6 +1209,58 @@ fn contract_acquire_retries_are_jittered_around_the_retry_interval() {
     assert!(max - min > 30_000, "{gaps:?}");
 }
 
+/// The jitter's bounds hold at the smallest intervals too: seed 203,325 draws a factor
+/// of exactly 0.5, which for an odd interval of µs rounded the wait down (1 µs of 3),
+/// and for 1 µs to no wait at all: the retry then went out in the very call that
+/// timed the attempt out, whose `AcquireFailed` said `retry_at: None` ("the acquire is
+/// over") while the lease was still acquiring.
+#[test]
+fn contract_a_retry_waits_at_least_half_the_retry_interval_even_at_one_microsecond() {
+    let held = AcquireOutcome::HeldByAnother(Holder {
+        identity: Identity::EMPTY,
+        fence: Fence(1),
+        remaining: ms(500),
+    });
+    for interval in [1u64, 3, 5] {
+        let config = Config::builder(ms(900))
+            .retry_interval(Duration::from_micros(interval))
+            .build()
+            .unwrap();
+        let gate = WriteGate::new();
+        let mut lease = Lease::new(config).with_jitter_seed(203_325);
+        lease.acquire(at(0), &gate).unwrap();
+        let id = lease.poll_action().unwrap().id();
+        lease
+            .handle_response(at(10), id, held.into(), &gate)
+            .unwrap();
+        let gap = lease.poll_timeout().unwrap().as_micros() - at(10).as_micros();
+        assert!(
+            2 * gap >= interval && 2 * gap <= 3 * interval,
+            "retry interval {interval} µs: retried after {gap} µs"
+        );
+    }
+
+    let config = Config::builder(ms(900))
+        .retry_interval(Duration::from_micros(1))
+        .build()
+        .unwrap();
+    let gate = WriteGate::new();
+    let mut lease = Lease::new(config).with_jitter_seed(203_325);
+    lease.acquire(at(0), &gate).unwrap();
+    while lease.poll_action().is_some() {}
+    // The attempt is never answered: it times out.
+    lease.handle_timeout(at(90), &gate);
+    assert_eq!(lease.state(), State::Acquiring);
+    let events: Vec<_> = core::iter::from_fn(|| lease.poll_event()).collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Event::AcquireFailed { retry_at: Some(t), .. } if *t > at(90))),
+        "{events:?}"
+    );
+    assert!(lease.poll_action().is_none(), "no retry in the same call");
+}
+
 /// Fair waiting: a client that released waits `release_backoff` before it contends
 /// again, and that is longer than any waiter's gap between two attempts, so some
 /// waiter's attempt always comes first.
