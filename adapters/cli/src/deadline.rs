@@ -41,10 +41,15 @@ impl DeadlineFile {
         &self.path
     }
 
-    /// Writes the deadline that is `remaining` from now (`None`: passed, `0`).
-    pub fn write_remaining(&self, remaining: Option<std::time::Duration>) -> std::io::Result<()> {
+    /// Writes `deadline` (on the monotonic clock) as wall-clock ms (`None` or passed:
+    /// `0`). The wall clock is read first: a pause between the two readings (a
+    /// SIGSTOP, a busy machine) then moves the written deadline earlier, never later.
+    pub fn write_deadline(&self, deadline: Option<tokio::time::Instant>) -> std::io::Result<()> {
+        let wall = SystemTime::now();
+        let remaining =
+            deadline.and_then(|d| d.checked_duration_since(tokio::time::Instant::now()));
         let epoch_ms = remaining
-            .and_then(|r| SystemTime::now().checked_add(r))
+            .and_then(|r| wall.checked_add(r))
             .and_then(|at| at.duration_since(UNIX_EPOCH).ok())
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         self.write_epoch_ms(epoch_ms)

@@ -5,9 +5,10 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::Identity;
+use leasehold::{GateError, Identity};
 use leasehold_tokio::{
-    acquire_with, AcquireError, AcquireOptions, Config, LeaseEnd, LeaseHandle, LockService,
+    acquire_with, AcquireError, AcquireOptions, CheckError, Config, LeaseEnd, LeaseHandle,
+    LockService,
 };
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
@@ -133,6 +134,15 @@ async fn supervise(
     };
     let mut state = lease.subscribe();
     let mut deadline = lease.deadline().map(|d| clock.to_tokio(d));
+    // Held when granted, but maybe not now (this process paused since, or the term
+    // ended before this subscription, which then never reports it): no command.
+    if lost(lease) {
+        eprintln!(
+            "leasehold: the lease on {:?} ended before the command could start",
+            args.key
+        );
+        return exit::LOST;
+    }
     write_deadline(&file, deadline);
     let env = ChildEnv {
         key: &args.key,
@@ -203,12 +213,40 @@ async fn supervise(
     // Whatever the command left in its process group must not outlive the lease.
     child::signal_group(pgid, Signal::SIGKILL);
     drop(file);
+    exit_after(stop, lease, status, &args.key)
+}
+
+/// The exit code once the command has exited: 122 if it was being stopped; also if
+/// it exited on its own but the lease no longer holds (this process was paused past
+/// the lease: the command's exit and the lapse then wake the loop together, in either
+/// order, and its code may only claim "ran under the lease" if that is true); else
+/// the command's own code.
+fn exit_after(
+    stop: Stop,
+    lease: &LeaseHandle,
+    status: std::io::Result<ExitStatus>,
+    key: &str,
+) -> u8 {
     if stop != Stop::No {
+        return exit::LOST;
+    }
+    if lost(lease) {
+        eprintln!("leasehold: the lease on {key:?} lapsed while the command ran; it has exited");
         return exit::LOST;
     }
     match status {
         Ok(status) => exit_code(status),
         Err(e) => fail(&format!("lost track of the command: {e}")),
+    }
+}
+
+/// Whether the lease no longer lets writes through for good: lost, released, past its
+/// deadline or not held (a transient refusal, busy or paused, is not that).
+fn lost(lease: &LeaseHandle) -> bool {
+    match lease.check() {
+        Ok(_) => false,
+        Err(CheckError::Gate(GateError::Busy | GateError::Paused)) => false,
+        Err(_) => true,
     }
 }
 
@@ -246,8 +284,7 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 fn write_deadline(file: &DeadlineFile, deadline: Option<Instant>) {
-    let remaining = deadline.and_then(|d| d.checked_duration_since(Instant::now()));
-    if let Err(e) = file.write_remaining(remaining) {
+    if let Err(e) = file.write_deadline(deadline) {
         tracing::warn!("cannot update {}: {e}", file.path().display());
     }
 }
@@ -272,4 +309,32 @@ fn default_identity() -> Identity {
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".to_owned());
     Identity::lossy(&format!("{host}:{}", std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt;
+
+    use leasehold_tokio::memory::MemoryService;
+
+    use super::*;
+
+    /// A command that exited 0 while the lease held reports 0; one that exited 0 after
+    /// the lease lapsed (seen in that order when this process resumes) reports 122.
+    #[tokio::test(start_paused = true)]
+    async fn a_command_that_exits_after_the_lease_lapsed_reports_the_loss() {
+        let service = Arc::new(MemoryService::new());
+        let config = Config::builder(leasehold::Duration::from_secs(3))
+            .build()
+            .unwrap();
+        let lease = leasehold_tokio::acquire(Arc::clone(&service), "k", config)
+            .await
+            .unwrap();
+        let exited = || Ok(ExitStatus::from_raw(0));
+        assert_eq!(exit_after(Stop::No, &lease, exited(), "k"), 0);
+        // The service stops answering; past the safe deadline the gate refuses.
+        service.stall(leasehold_tokio::memory::Scope::All);
+        tokio::time::advance(std::time::Duration::from_secs(4)).await;
+        assert_eq!(exit_after(Stop::No, &lease, exited(), "k"), exit::LOST);
+    }
 }

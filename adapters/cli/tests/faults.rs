@@ -313,6 +313,48 @@ done"#
     );
 }
 
+/// leasehold SIGSTOPped past the TTL while its command finishes: the command's exit
+/// (code 0) and the lapse wake leasehold together at SIGCONT. The code says "ran and
+/// exited while the lease was held" only if that is true, so leasehold exits 122, in
+/// whichever order it sees the two.
+#[test]
+fn a_command_that_exits_while_leasehold_is_stopped_past_the_ttl_is_reported_lost() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let dir = scratch("cli-sigstop-exit");
+    let d = dir.path().display().to_string();
+    let mut cmd = leasehold(&url, dir.path());
+    cmd.args(["run", "--ttl", "1s", "key", "--", "sh", "-c"])
+        .arg(format!(
+            "echo $$ > {d}/a_pid; while [ ! -f {d}/go ]; do sleep 0.02; done; exit 0"
+        ));
+    let mut a = Proc::spawn(cmd, dir.path(), "a");
+    let child: i32 = wait_file(&dir.path().join("a_pid"), Duration::from_secs(10))
+        .trim()
+        .parse()
+        .unwrap();
+    a.signal(Signal::SIGSTOP);
+    // Past the TTL: Redis has expired the key (the lease's deadline came before).
+    let started = std::time::Instant::now();
+    while server.inline("EXISTS {key}").as_deref() != Some(":0\r\n") {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the key never expired"
+        );
+        std::thread::sleep(Duration::from_millis(20)); // polling Redis, not a race
+    }
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    wait_dead(child, Duration::from_secs(5));
+    a.signal(Signal::SIGCONT);
+    let status = a.wait(Duration::from_secs(5));
+    assert_eq!(status.code(), Some(122), "{}", a.err());
+    assert!(
+        a.err().contains("lapsed") || a.err().contains("stopping"),
+        "{}",
+        a.err()
+    );
+}
+
 /// Ctrl-C: leasehold passes SIGINT to the command, the command exits, the lease is
 /// released, and the waiting contender is granted within a retry interval, not a TTL.
 #[test]

@@ -107,19 +107,32 @@ impl Builder {
     ///
     /// Fails with [`RedisLockError::Config`] for a URL that cannot be used (saying
     /// what is wrong with it), with [`RedisLockError::Refused`] when Redis refuses the
-    /// credentials (`authentication failed: check the password`), and with a
-    /// transport error naming `host:port` when Redis cannot be reached.
+    /// credentials (`authentication failed: check the password`), with a transport
+    /// error naming `host:port` when Redis cannot be reached, and with
+    /// [`RedisLockError::Timeout`] when it connects but loading the scripts takes
+    /// longer than the request timeout (the
+    /// connect timeout if there is none).
     pub async fn connect(self) -> Result<RedisLockService, RedisLockError> {
         let (client, config, endpoint) = self.client()?;
         let conn = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(|e| RedisLockError::from_redis(Op::Connect, &endpoint, e))?;
-        RedisLockService::from_connection_at(conn, &endpoint)
-            .await
-            .map(|s| {
-                s.with_request_timeout(self.request_timeout)
-                    .with_max_in_flight(self.max_in_flight)
-            })
+        // Loading the scripts is bounded too: a server that accepted the connection
+        // and then stopped answering (SIGSTOP, a hung host) must not hang `connect`.
+        // Without a request timeout, the connect timeout bounds it.
+        let bound = self.request_timeout.unwrap_or(self.connect_timeout);
+        let loaded =
+            tokio::time::timeout(bound, RedisLockService::from_connection_at(conn, &endpoint))
+                .await
+                .map_err(|_| RedisLockError::Timeout {
+                    op: Op::Connect,
+                    endpoint: endpoint.clone(),
+                    after: bound,
+                })?;
+        loaded.map(|s| {
+            s.with_request_timeout(self.request_timeout)
+                .with_max_in_flight(self.max_in_flight)
+        })
     }
 
     /// The service, without connecting: the first request connects (and every

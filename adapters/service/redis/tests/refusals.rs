@@ -380,6 +380,39 @@ fn redis_stopped_after_connect_is_indeterminate_within_the_request_timeout() {
     });
 }
 
+/// A Redis that accepts connections but answers nothing (SIGSTOPped: the kernel still
+/// completes the TCP handshake) fails `connect` within its bounds, with a typed
+/// error: each connection attempt by the connect timeout (here one attempt, no
+/// retries; by default the first connection is retried like a reconnection), loading
+/// the scripts by the request timeout.
+#[test]
+fn connect_to_a_stopped_redis_fails_within_its_bounds() {
+    let server = RedisServer::start();
+    server.pause();
+    run_local(async {
+        let (connect, request) = (std_ms(300), std_ms(400));
+        let started = StdInstant::now();
+        let result = RedisLockService::builder(server.url())
+            .connect_timeout(connect)
+            .request_timeout(Some(request))
+            .reconnect_backoff(std_ms(10), std_ms(10), 0)
+            .connect()
+            .await;
+        let took = started.elapsed();
+        let err = result.expect_err("nothing answers");
+        eprintln!("[stopped before connect] {err} after {took:?}");
+        assert!(
+            matches!(
+                err.indeterminate(),
+                Some(Indeterminate::Transport | Indeterminate::Timeout)
+            ),
+            "{err:?}"
+        );
+        assert!(took <= connect + request + std_ms(200), "{took:?}");
+    });
+    server.resume();
+}
+
 #[test]
 fn a_read_only_replica_is_indeterminate_never_a_refusal() {
     let primary = RedisServer::start();
