@@ -5,7 +5,7 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::{GateError, Identity};
+use leasehold::{GateError, Identity, Owner, Term};
 use leasehold_tokio::{
     acquire_with, AcquireError, AcquireOptions, CheckError, Config, LeaseEnd, LeaseHandle,
     LockService,
@@ -52,7 +52,13 @@ pub async fn run<S: LockService + 'static>(service: Arc<S>, args: &RunArgs, out:
         Ok(s) => s,
         Err(e) => return fail(&format!("cannot install signal handlers: {e}")),
     };
-    let mut options = AcquireOptions::new().identity(identity);
+    // The acquire's owner, chosen here so that this function can still release a
+    // grant that an attempt in flight may have made when it gives up waiting: the
+    // runtime ends with it, and the driver's own release might never go out.
+    let Some(owner) = random_owner() else {
+        return fail("the OS random source failed: cannot pick an owner id");
+    };
+    let mut options = AcquireOptions::new().identity(identity).owner(owner);
     if args.no_wait {
         options = options.max_wait(Duration::ZERO);
     } else if let Some(wait) = args.wait {
@@ -62,11 +68,12 @@ pub async fn run<S: LockService + 'static>(service: Arc<S>, args: &RunArgs, out:
     let progress = out
         .progress
         .then(|| progress::spawn(Arc::clone(&service), args.key.clone()));
-    let acquire = acquire_with(service, &args.key, config, options);
+    let acquire = acquire_with(Arc::clone(&service), &args.key, config, options);
     let acquired = tokio::select! {
         acquired = acquire => acquired,
         signal = signals.recv() => {
             progress::stop(progress);
+            release_unheld(&*service, &args.key, owner, config).await;
             eprintln!("leasehold: {signal} while waiting for {:?}; gave up", args.key);
             return exit::signalled(signal as i32);
         }
@@ -74,13 +81,32 @@ pub async fn run<S: LockService + 'static>(service: Arc<S>, args: &RunArgs, out:
     progress::stop(progress);
     let lease = match acquired {
         Ok(lease) => lease,
-        Err(e) => return not_acquired(args, &e),
+        Err(e) => {
+            release_unheld(&*service, &args.key, owner, config).await;
+            return not_acquired(args, &e);
+        }
     };
     tracing::info!(key = %args.key, fence = lease.granted_fence().0, "lease granted");
     let code = supervise(&lease, args, grace, identity, &mut signals).await;
     let end = lease.release().await;
     tracing::info!(key = %args.key, %end, "lease ended");
     code
+}
+
+/// A fresh random owner, or `None` without a random source.
+fn random_owner() -> Option<Owner> {
+    let mut bytes = [0; 16];
+    getrandom::fill(&mut bytes).ok()?;
+    Some(Owner(bytes))
+}
+
+/// Sends the release an acquire given up may owe (an attempt may have been granted
+/// with its answer still on the way), bounded by the request timeout. A
+/// compare-and-delete with this acquire's own token: it deletes nothing else, and
+/// nothing if the driver's release got there first. An acquire runs one term, term 1.
+async fn release_unheld<S: LockService>(service: &S, key: &str, owner: Owner, config: Config) {
+    let release = service.release(key, owner.token(Term(1)));
+    let _ = tokio::time::timeout(config.request_timeout().into(), release).await;
 }
 
 /// The exit code and message for an acquire that did not succeed.

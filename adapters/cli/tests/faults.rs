@@ -355,6 +355,65 @@ fn a_command_that_exits_while_leasehold_is_stopped_past_the_ttl_is_reported_lost
     );
 }
 
+/// A wait given up by a signal while an attempt's grant is in doubt (a proxy turns
+/// every reply into garbage, so the grants Redis makes never reach leasehold):
+/// leasehold exits 143, and the release it owes that grant reaches Redis before it
+/// exits, instead of the key staying held by nobody for a TTL. (A wait bound that
+/// runs out was already safe: the acquire ends only after the core's release.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_given_up_with_a_grant_in_doubt_releases_it_before_exiting() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port()).await;
+    let dir = scratch("cli-give-up-release");
+    let d = dir.path().display().to_string();
+    let mut cmd = leasehold(&server.url(), dir.path());
+    cmd.args(["run", "key", "--", "sh", "-c"]).arg(format!(
+        "echo $$ > {d}/a_pid; while [ ! -f {d}/go ]; do sleep 0.02; done"
+    ));
+    let mut a = Proc::spawn(cmd, dir.path(), "a");
+    wait_file(&dir.path().join("a_pid"), Duration::from_secs(10));
+    let mut cmd = leasehold(&format!("redis://127.0.0.1:{}", proxy.port()), dir.path());
+    cmd.args(["-vv", "run", "--ttl", "30s", "key", "--", "true"]);
+    let mut b = Proc::spawn(cmd, dir.path(), "b");
+    wait_contains(&b.stderr, "acquire attempt failed", Duration::from_secs(10));
+    proxy.set_mode(leasehold_test_support::ProxyMode::RewriteReplies {
+        reply: b"+OK\r\n".to_vec(),
+        frame: leasehold_test_support::redis::resp_frame_len,
+    });
+    // The holder lets go; B's next attempt is granted, its answer garbage.
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    assert_eq!(
+        a.wait(Duration::from_secs(10)).code(),
+        Some(0),
+        "{}",
+        a.err()
+    );
+    let started = std::time::Instant::now();
+    while server
+        .inline("PTTL {key}")
+        .is_none_or(|pttl| pttl.starts_with(":-"))
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "B was never granted"
+        );
+        std::thread::sleep(Duration::from_millis(20)); // polling Redis, not a race
+    }
+    b.signal(Signal::SIGTERM);
+    assert_eq!(
+        b.wait(Duration::from_secs(10)).code(),
+        Some(128 + 15),
+        "{}",
+        b.err()
+    );
+    assert_eq!(
+        server.inline("EXISTS {key}").as_deref(),
+        Some(":0\r\n"),
+        "B's grant was left for its 30 s TTL: {}",
+        b.err()
+    );
+}
+
 /// Ctrl-C: leasehold passes SIGINT to the command, the command exits, the lease is
 /// released, and the waiting contender is granted within a retry interval, not a TTL.
 #[test]
