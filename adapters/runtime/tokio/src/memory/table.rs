@@ -3,6 +3,7 @@
 //! re-acquire by the same token. Pure functions of the table and `now`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::task::Waker;
 
 use leasehold::{
@@ -24,13 +25,33 @@ pub struct Grant {
     pub expires_at: Instant,
 }
 
-impl Grant {
+/// A grant as the table keeps it: the identity shared with the grants before it that
+/// named the same one (most of a process's leases name the same `host:pid`), not 65
+/// bytes in every key.
+#[derive(Clone, Debug)]
+struct Held {
+    token: OwnerToken,
+    identity: Arc<Identity>,
+    fence: Fence,
+    expires_at: Instant,
+}
+
+impl Held {
     /// The grant as a contender sees it at `now`.
     fn holder(&self, now: Instant) -> Holder {
         Holder {
-            identity: self.identity,
+            identity: *self.identity,
             fence: self.fence,
             remaining: core_duration(self.expires_at.saturating_duration_since(now)),
+        }
+    }
+
+    fn grant(&self) -> Grant {
+        Grant {
+            token: self.token,
+            identity: *self.identity,
+            fence: self.fence,
+            expires_at: self.expires_at,
         }
     }
 }
@@ -43,7 +64,7 @@ fn core_duration(d: std::time::Duration) -> leasehold::Duration {
 /// One key. Kept after its grant ends, so that its fence counter never goes back.
 #[derive(Debug, Default)]
 struct Key {
-    grant: Option<Grant>,
+    grant: Option<Held>,
     /// The last fence handed out for this key.
     last_fence: u64,
     /// The highest fence whose grant was revoked from outside.
@@ -57,8 +78,8 @@ struct Key {
 impl Key {
     /// The grant, if it has not expired by `now`. Expiry is evaluated lazily, on
     /// every access, so no timer runs per key.
-    fn live(&mut self, now: Instant) -> Option<&mut Grant> {
-        if self.grant.is_some_and(|grant| grant.expires_at <= now) {
+    fn live(&mut self, now: Instant) -> Option<&mut Held> {
+        if self.grant.as_ref().is_some_and(|grant| grant.expires_at <= now) {
             self.grant = None;
         }
         self.grant.as_mut()
@@ -68,9 +89,19 @@ impl Key {
 #[derive(Debug, Default)]
 pub(crate) struct Table {
     keys: HashMap<Box<str>, Key>,
+    /// The identity the last grant named, shared with the next grant that names it.
+    last_identity: Option<Arc<Identity>>,
 }
 
 impl Table {
+    /// `identity`, shared with the last grant's when it is the same.
+    fn intern(&mut self, identity: Identity) -> Arc<Identity> {
+        match &self.last_identity {
+            Some(last) if **last == identity => Arc::clone(last),
+            _ => Arc::clone(self.last_identity.insert(Arc::new(identity))),
+        }
+    }
+
     fn key(&mut self, key: &str) -> &mut Key {
         // Look up first so the common case does not allocate the key's name.
         if !self.keys.contains_key(key) {
@@ -87,6 +118,7 @@ impl Table {
         ttl: std::time::Duration,
         now: Instant,
     ) -> AcquireOutcome {
+        let identity = self.intern(identity);
         let key = self.key(key);
         let ttl_granted = core_duration(ttl);
         match key.live(now) {
@@ -104,7 +136,7 @@ impl Table {
             None => {
                 key.last_fence += 1;
                 let fence = Fence(key.last_fence);
-                key.grant = Some(Grant {
+                key.grant = Some(Held {
                     token,
                     identity,
                     fence,
@@ -154,21 +186,21 @@ impl Table {
 
     /// Who holds `key` at `now`.
     pub(crate) fn holder(&mut self, key: &str, now: Instant) -> HolderOutcome {
-        match self.grant(key, now) {
-            Some(grant) => HolderOutcome::Held(grant.holder(now)),
+        match self.keys.get_mut(key).and_then(|key| key.live(now)) {
+            Some(held) => HolderOutcome::Held(held.holder(now)),
             None => HolderOutcome::Free,
         }
     }
 
     pub(crate) fn grant(&mut self, key: &str, now: Instant) -> Option<Grant> {
-        self.keys.get_mut(key)?.live(now).copied()
+        self.keys.get_mut(key)?.live(now).map(|held| held.grant())
     }
 
     /// Deletes the live grant from outside and remembers it was revoked; with it,
     /// the waker of its watcher (to be woken once the table is unlocked).
     pub(crate) fn revoke(&mut self, key: &str, now: Instant) -> Option<(Grant, Option<Waker>)> {
         let key = self.keys.get_mut(key)?;
-        let grant = *key.live(now)?;
+        let grant = key.live(now)?.grant();
         key.grant = None;
         key.revoked_fence = key.revoked_fence.max(grant.fence.0);
         let watcher = key.watcher.take().map(|(_, waker)| waker);
@@ -178,7 +210,7 @@ impl Table {
     /// Ends the live grant as if its TTL ran out now (no notification).
     pub(crate) fn expire(&mut self, key: &str, now: Instant) -> Option<Grant> {
         let key = self.keys.get_mut(key)?;
-        let grant = *key.live(now)?;
+        let grant = key.live(now)?.grant();
         key.grant = None;
         Some(grant)
     }
