@@ -79,7 +79,11 @@ impl Key {
     /// The grant, if it has not expired by `now`. Expiry is evaluated lazily, on
     /// every access, so no timer runs per key.
     fn live(&mut self, now: Instant) -> Option<&mut Held> {
-        if self.grant.as_ref().is_some_and(|grant| grant.expires_at <= now) {
+        if self
+            .grant
+            .as_ref()
+            .is_some_and(|grant| grant.expires_at <= now)
+        {
             self.grant = None;
         }
         self.grant.as_mut()
