@@ -293,8 +293,9 @@ impl LockService for MemoryService {
         // Looks and registers under the shard's lock, so a revocation cannot fall in
         // between. A future of a few words: every held lease keeps one.
         std::future::poll_fn(move |cx| {
+            let now = tokio::time::Instant::now();
             let mut shard = self.shards.of(key);
-            if shard.table.watch_revocation(key, fence, cx.waker()) {
+            if shard.table.watch_revocation(key, fence, cx.waker(), now) {
                 Poll::Ready(())
             } else {
                 Poll::Pending

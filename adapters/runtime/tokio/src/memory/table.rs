@@ -27,13 +27,17 @@ pub struct Grant {
 
 /// A grant as the table keeps it: the identity shared with the grants before it that
 /// named the same one (most of a process's leases name the same `host:pid`), not 65
-/// bytes in every key.
+/// bytes in every key; and who waits for its revocation.
 #[derive(Clone, Debug)]
 struct Held {
     token: OwnerToken,
     identity: Arc<Identity>,
     fence: Fence,
     expires_at: Instant,
+    /// The waker of the watch on this grant's revocation. One waker, kept with the
+    /// grant and gone with it, not a waiting future per holder that every revocation
+    /// wakes (nor a waker kept past its grant, holding a finished task's memory).
+    watcher: Option<Waker>,
 }
 
 impl Held {
@@ -69,10 +73,6 @@ struct Key {
     last_fence: u64,
     /// The highest fence whose grant was revoked from outside.
     revoked_fence: u64,
-    /// Who waits for the revocation of which grant: the newest grant's watcher only
-    /// (an older grant is no longer live, so nothing can revoke it). One waker here,
-    /// not a waiting future per holder that every revocation wakes.
-    watcher: Option<(u64, Waker)>,
 }
 
 impl Key {
@@ -145,6 +145,7 @@ impl Table {
                     identity,
                     fence,
                     expires_at: now + ttl,
+                    watcher: None,
                 });
                 AcquireOutcome::Granted {
                     fence,
@@ -205,9 +206,8 @@ impl Table {
     pub(crate) fn revoke(&mut self, key: &str, now: Instant) -> Option<(Grant, Option<Waker>)> {
         let key = self.keys.get_mut(key)?;
         let grant = key.live(now)?.grant();
-        key.grant = None;
+        let watcher = key.grant.take().and_then(|held| held.watcher);
         key.revoked_fence = key.revoked_fence.max(grant.fence.0);
-        let watcher = key.watcher.take().map(|(_, waker)| waker);
         Some((grant, watcher))
     }
 
@@ -220,19 +220,29 @@ impl Table {
     }
 
     /// Whether the grant with `fence` (or a later one) of `key` was revoked; if not,
-    /// `waker` is woken when it is. A watcher of a newer grant is kept in its place:
-    /// the grant with `fence` is then over already, and cannot be revoked.
-    pub(crate) fn watch_revocation(&mut self, key: &str, fence: Fence, waker: &Waker) -> bool {
+    /// and that grant is live at `now`, `waker` is woken when it is revoked. A grant
+    /// that is over can no longer be revoked: its watch waits for good.
+    pub(crate) fn watch_revocation(
+        &mut self,
+        key: &str,
+        fence: Fence,
+        waker: &Waker,
+        now: Instant,
+    ) -> bool {
         let Some(key) = self.keys.get_mut(key) else {
             return false; // never granted here, so never revoked
         };
         if key.revoked_fence >= fence.0 {
             return true;
         }
-        match &mut key.watcher {
-            Some((newer, _)) if *newer > fence.0 => {}
-            Some((same, known)) if *same == fence.0 && known.will_wake(waker) => {}
-            watcher => *watcher = Some((fence.0, waker.clone())),
+        if let Some(held) = key.live(now).filter(|held| held.fence == fence) {
+            if !held
+                .watcher
+                .as_ref()
+                .is_some_and(|known| known.will_wake(waker))
+            {
+                held.watcher = Some(waker.clone());
+            }
         }
         false
     }

@@ -314,7 +314,7 @@ impl Wakes {
 /// holders of other keys (with a hundred thousand leases, each revocation would
 /// otherwise poll every watch), not the watcher of an older grant of the same key,
 /// which ended before the newer one was granted. A watcher re-registering keeps its
-/// place.
+/// place, and the table keeps no waker past its grant.
 #[tokio::test(start_paused = true)]
 async fn a_revocation_wakes_only_the_watcher_of_the_grant_revoked() {
     use std::sync::Arc;
@@ -358,6 +358,16 @@ async fn a_revocation_wakes_only_the_watcher_of_the_grant_revoked() {
     assert_eq!(poll(elsewhere.as_mut(), &other), Poll::Pending);
     // Polled, the older grant's watcher completes too: a later grant was revoked.
     assert_eq!(poll(first.as_mut(), &old), Poll::Ready(()));
+
+    // A waker is kept only while its grant lives: a released grant lets go of it (a
+    // task's waker holds the finished task's memory).
+    assert_eq!(
+        Arc::strong_count(&other),
+        2,
+        "kept while the grant on o lives"
+    );
+    assert_eq!(s.release("o", token(3)).await, ReleaseOutcome::Released);
+    assert_eq!(Arc::strong_count(&other), 1, "dropped with the grant");
 }
 
 /// Keys are spread over shards: leases on many keys from several worker threads each
