@@ -53,7 +53,7 @@ pub async fn run<S: LockService + 'static>(service: Arc<S>, args: &RunArgs, out:
         Err(e) => return fail(&format!("cannot install signal handlers: {e}")),
     };
     // The acquire's owner, chosen here so that this function can still release a
-    // grant that an attempt in flight may have made when it gives up waiting: the
+    // grant that an attempt in flight may have made when a signal ends the wait: the
     // runtime ends with it, and the driver's own release might never go out.
     let Some(owner) = random_owner() else {
         return fail("the OS random source failed: cannot pick an owner id");
@@ -81,10 +81,8 @@ pub async fn run<S: LockService + 'static>(service: Arc<S>, args: &RunArgs, out:
     progress::stop(progress);
     let lease = match acquired {
         Ok(lease) => lease,
-        Err(e) => {
-            release_unheld(&*service, &args.key, owner, config).await;
-            return not_acquired(args, &e);
-        }
+        // The acquire ended after the core's own release of a grant in doubt.
+        Err(e) => return not_acquired(args, &e),
     };
     tracing::info!(key = %args.key, fence = lease.granted_fence().0, "lease granted");
     let code = supervise(&lease, args, grace, identity, &mut signals).await;
@@ -100,8 +98,8 @@ fn random_owner() -> Option<Owner> {
     Some(Owner(bytes))
 }
 
-/// Sends the release an acquire given up may owe (an attempt may have been granted
-/// with its answer still on the way), bounded by the request timeout. A
+/// Sends the release an acquire dropped mid-way may owe (an attempt may have been
+/// granted with its answer still on the way), bounded by the request timeout. A
 /// compare-and-delete with this acquire's own token: it deletes nothing else, and
 /// nothing if the driver's release got there first. An acquire runs one term, term 1.
 async fn release_unheld<S: LockService>(service: &S, key: &str, owner: Owner, config: Config) {

@@ -355,13 +355,20 @@ fn a_command_that_exits_while_leasehold_is_stopped_past_the_ttl_is_reported_lost
     );
 }
 
-/// A wait given up by a signal while an attempt's grant is in doubt (a proxy turns
-/// every reply into garbage, so the grants Redis makes never reach leasehold):
-/// leasehold exits 143, and the release it owes that grant reaches Redis before it
-/// exits, instead of the key staying held by nobody for a TTL. (A wait bound that
-/// runs out was already safe: the acquire ends only after the core's release.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wait_given_up_with_a_grant_in_doubt_releases_it_before_exiting() {
+/// How a wait is given up.
+#[derive(Clone, Copy, PartialEq)]
+enum GiveUp {
+    Signal,
+    WaitBound,
+}
+
+/// A wait given up while an attempt's grant is in doubt (a proxy turns every reply
+/// into garbage, so the grants Redis makes never reach leasehold), by a signal or by
+/// `--wait` running out: leasehold exits (143 or 125), and the release it owes that
+/// grant reaches Redis before it exits, instead of the key staying held by nobody for
+/// a TTL. (The wait bound was safe before: the acquire ends after the core's own
+/// release. The signal was not: the runtime ended before the driver sent it.)
+async fn give_up_with_a_grant_in_doubt(how: GiveUp) {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port()).await;
     let dir = scratch("cli-give-up-release");
@@ -373,14 +380,18 @@ async fn a_wait_given_up_with_a_grant_in_doubt_releases_it_before_exiting() {
     let mut a = Proc::spawn(cmd, dir.path(), "a");
     wait_file(&dir.path().join("a_pid"), Duration::from_secs(10));
     let mut cmd = leasehold(&format!("redis://127.0.0.1:{}", proxy.port()), dir.path());
-    cmd.args(["-vv", "run", "--ttl", "30s", "key", "--", "true"]);
+    cmd.args(["-vv", "run", "--ttl", "30s"]);
+    if how == GiveUp::WaitBound {
+        cmd.args(["--wait", "3s"]);
+    }
+    cmd.args(["key", "--", "true"]);
     let mut b = Proc::spawn(cmd, dir.path(), "b");
     wait_contains(&b.stderr, "acquire attempt failed", Duration::from_secs(10));
     proxy.set_mode(leasehold_test_support::ProxyMode::RewriteReplies {
         reply: b"+OK\r\n".to_vec(),
         frame: leasehold_test_support::redis::resp_frame_len,
     });
-    // The holder lets go; B's next attempt is granted, its answer garbage.
+    // The holder lets go; B's next attempts are granted, their answers garbage.
     std::fs::write(dir.path().join("go"), "").unwrap();
     assert_eq!(
         a.wait(Duration::from_secs(10)).code(),
@@ -399,10 +410,16 @@ async fn a_wait_given_up_with_a_grant_in_doubt_releases_it_before_exiting() {
         );
         std::thread::sleep(Duration::from_millis(20)); // polling Redis, not a race
     }
-    b.signal(Signal::SIGTERM);
+    let code = match how {
+        GiveUp::Signal => {
+            b.signal(Signal::SIGTERM);
+            128 + 15
+        }
+        GiveUp::WaitBound => 125,
+    };
     assert_eq!(
         b.wait(Duration::from_secs(10)).code(),
-        Some(128 + 15),
+        Some(code),
         "{}",
         b.err()
     );
@@ -412,6 +429,16 @@ async fn a_wait_given_up_with_a_grant_in_doubt_releases_it_before_exiting() {
         "B's grant was left for its 30 s TTL: {}",
         b.err()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_given_up_by_a_signal_with_a_grant_in_doubt_releases_it_before_exiting() {
+    give_up_with_a_grant_in_doubt(GiveUp::Signal).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_bound_run_out_with_a_grant_in_doubt_releases_it_before_exiting() {
+    give_up_with_a_grant_in_doubt(GiveUp::WaitBound).await;
 }
 
 /// Ctrl-C: leasehold passes SIGINT to the command, the command exits, the lease is
