@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use leasehold::{GateError, Identity, Owner, Term};
 use leasehold_tokio::{
-    acquire_with, AcquireError, AcquireOptions, CheckError, Config, LeaseEnd, LeaseHandle,
-    LockService,
+    acquire_with, random_owner, AcquireError, AcquireOptions, CheckError, Config, LeaseEnd,
+    LeaseHandle, LockService,
 };
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
@@ -89,13 +89,6 @@ pub async fn run<S: LockService + 'static>(service: Arc<S>, args: &RunArgs, out:
     let end = lease.release().await;
     tracing::info!(key = %args.key, %end, "lease ended");
     code
-}
-
-/// A fresh random owner, or `None` without a random source.
-fn random_owner() -> Option<Owner> {
-    let mut bytes = [0; 16];
-    getrandom::fill(&mut bytes).ok()?;
-    Some(Owner(bytes))
 }
 
 /// Sends the release an acquire dropped mid-way may owe (an attempt may have been

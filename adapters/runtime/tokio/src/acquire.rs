@@ -340,8 +340,10 @@ fn read_identity(pid: u32) -> Identity {
     Identity::lossy(&format!("{host}:{pid}"))
 }
 
-/// A fresh 128-bit owner from the operating system's random generator.
-fn random_owner() -> Option<Owner> {
+/// A fresh 128-bit owner from the operating system's random generator (what an
+/// acquire uses unless [`AcquireOptions::owner`] names one), or `None` when the OS
+/// has no random source.
+pub fn random_owner() -> Option<Owner> {
     let mut bytes = [0; 16];
     getrandom::fill(&mut bytes).ok()?;
     Some(Owner(bytes))
