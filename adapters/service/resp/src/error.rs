@@ -115,10 +115,6 @@ impl defmt::Format for ServerError {
 }
 
 impl Error {
-    pub(crate) fn io<E: embedded_io_async::Error>(e: &E) -> Error {
-        Error::Io(e.kind())
-    }
-
     /// The final refusal this error is, if it is one: an invalid key, or an error
     /// reply whose code says retrying cannot help.
     pub fn refusal(&self) -> Option<Refusal> {

@@ -12,6 +12,7 @@ extern crate std;
 
 mod connect;
 mod error;
+mod exchange;
 mod lock_service;
 mod replies;
 mod resp;

@@ -9,19 +9,35 @@ use leasehold_driver::{Clock, LocalLockService};
 
 use crate::connect::Connect;
 use crate::error::Error;
-use crate::service::RespLockService;
+use crate::scripts;
+use crate::service::{Answered, Op, RespLockService};
 
-/// `refused` for a final refusal, `indeterminate` for everything else.
-fn failure<T>(err: &Error, refused: fn(Refusal) -> T, indeterminate: fn(Indeterminate) -> T) -> T {
-    match err.refusal() {
-        Some(refusal) => refused(refusal),
-        None => indeterminate(err.indeterminate().unwrap_or(Indeterminate::Protocol)),
+/// How an operation ended, for the driver: its outcome, or why it has none.
+enum Settled {
+    Answered(Answered),
+    Refused(Refusal),
+    Indeterminate(Indeterminate),
+}
+
+/// A final refusal or an unknown outcome for every error (an answer to another
+/// operation cannot happen: `perform` answers in kind). Out of line, so the four
+/// methods share one copy.
+#[inline(never)]
+fn settle(result: Result<Answered, Error>) -> Settled {
+    match result {
+        Ok(answered) => Settled::Answered(answered),
+        Err(err) => match err.refusal() {
+            Some(refusal) => Settled::Refused(refusal),
+            None => Settled::Indeterminate(err.indeterminate().unwrap_or(Indeterminate::Protocol)),
+        },
     }
 }
 
 impl<F: Connect, K: Clock, const R: usize, const W: usize> LocalLockService
     for RespLockService<'_, F, K, R, W>
 {
+    // Each method awaits the one `perform` future and picks its outcome out: a few
+    // bytes each, where an `async fn` per method would be a copy of the request path.
     async fn acquire(
         &self,
         key: &str,
@@ -29,9 +45,23 @@ impl<F: Connect, K: Clock, const R: usize, const W: usize> LocalLockService
         identity: &Identity,
         ttl: Duration,
     ) -> AcquireOutcome {
-        self.try_acquire(key, token, identity, ttl)
-            .await
-            .unwrap_or_else(|e| failure(&e, AcquireOutcome::Refused, AcquireOutcome::Indeterminate))
+        match settle(
+            self.perform(
+                Op::Acquire {
+                    key,
+                    token,
+                    identity,
+                    ttl,
+                },
+                scripts::ACQUIRE_PAIR,
+            )
+            .await,
+        ) {
+            Settled::Answered(Answered::Acquire(outcome)) => outcome,
+            Settled::Refused(refusal) => AcquireOutcome::Refused(refusal),
+            Settled::Indeterminate(why) => AcquireOutcome::Indeterminate(why),
+            Settled::Answered(_) => AcquireOutcome::Indeterminate(Indeterminate::Protocol),
+        }
     }
 
     async fn renew(
@@ -41,22 +71,44 @@ impl<F: Connect, K: Clock, const R: usize, const W: usize> LocalLockService
         fence: Fence,
         ttl: Duration,
     ) -> RenewOutcome {
-        self.try_renew(key, token, fence, ttl)
-            .await
-            .unwrap_or_else(|e| failure(&e, RenewOutcome::Refused, RenewOutcome::Indeterminate))
+        match settle(
+            self.perform(
+                Op::Renew {
+                    key,
+                    token,
+                    fence,
+                    ttl,
+                },
+                scripts::RENEW_PAIR,
+            )
+            .await,
+        ) {
+            Settled::Answered(Answered::Renew(outcome)) => outcome,
+            Settled::Refused(refusal) => RenewOutcome::Refused(refusal),
+            Settled::Indeterminate(why) => RenewOutcome::Indeterminate(why),
+            Settled::Answered(_) => RenewOutcome::Indeterminate(Indeterminate::Protocol),
+        }
     }
 
     async fn release(&self, key: &str, token: OwnerToken) -> ReleaseOutcome {
-        self.try_release(key, token)
-            .await
-            .unwrap_or_else(|e| failure(&e, ReleaseOutcome::Refused, ReleaseOutcome::Indeterminate))
+        match settle(
+            self.perform(Op::Release { key, token }, scripts::RELEASE_PAIR)
+                .await,
+        ) {
+            Settled::Answered(Answered::Release(outcome)) => outcome,
+            Settled::Refused(refusal) => ReleaseOutcome::Refused(refusal),
+            Settled::Indeterminate(why) => ReleaseOutcome::Indeterminate(why),
+            Settled::Answered(_) => ReleaseOutcome::Indeterminate(Indeterminate::Protocol),
+        }
     }
 
     async fn holder(&self, key: &str) -> HolderOutcome {
-        match self.try_holder(key).await {
-            Ok(Some(holder)) => HolderOutcome::Held(holder),
-            Ok(None) => HolderOutcome::Free,
-            Err(e) => failure(&e, HolderOutcome::Refused, HolderOutcome::Indeterminate),
+        match settle(self.perform(Op::Holder { key }, scripts::HOLDER_PAIR).await) {
+            Settled::Answered(Answered::Holder(Some(holder))) => HolderOutcome::Held(holder),
+            Settled::Answered(Answered::Holder(None)) => HolderOutcome::Free,
+            Settled::Refused(refusal) => HolderOutcome::Refused(refusal),
+            Settled::Indeterminate(why) => HolderOutcome::Indeterminate(why),
+            Settled::Answered(_) => HolderOutcome::Indeterminate(Indeterminate::Protocol),
         }
     }
 }

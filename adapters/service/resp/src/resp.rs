@@ -8,10 +8,6 @@
 
 use core::num::{NonZeroU16, NonZeroU32};
 
-use embedded_io_async::{Read, Write};
-
-use crate::error::{Error, ProtocolError};
-
 /// The longest array a script answers: `{0, fence, identity, pttl}`.
 pub const MAX_ITEMS: usize = 4;
 
@@ -179,30 +175,6 @@ pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
 }
 
-/// Reads until `buf` starts with one whole reply, and returns its length. The reply
-/// must be all there is: bytes after it (an answer to nothing) are a protocol error.
-pub(crate) async fn read_reply<C: Read>(conn: &mut C, buf: &mut [u8]) -> Result<usize, Error> {
-    let mut len = 0;
-    loop {
-        let filled = buf.get(..len).unwrap_or(&[]);
-        match parse(filled) {
-            Ok((_, used)) if used == len => return Ok(len),
-            Ok(_) => return Err(Error::Protocol(ProtocolError::TrailingBytes)),
-            Err(Partial::Malformed) => return Err(Error::Protocol(ProtocolError::Malformed)),
-            Err(Partial::Incomplete) => {}
-        }
-        let free = match buf.get_mut(len..) {
-            Some(free) if !free.is_empty() => free,
-            _ => return Err(Error::Protocol(ProtocolError::ReplyTooLong)),
-        };
-        match conn.read(free).await {
-            Ok(0) => return Err(Error::Closed),
-            Ok(n) => len = len.saturating_add(n).min(buf.len()),
-            Err(e) => return Err(Error::io(&e)),
-        }
-    }
-}
-
 /// `n / d` and `n % d` for a divisor below 2^16, by long division over 16-bit limbs:
 /// four 32-bit divisions. A 64-bit division would link the compiler's 64-bit division
 /// routine, about 1 KiB of flash on a 32-bit microcontroller.
@@ -241,19 +213,6 @@ fn decimal(mut n: u64, buf: &mut [u8; 20]) -> usize {
         }
     }
     at
-}
-
-/// `Write::write_all` without its panic paths (an over-long count is taken as all
-/// written; no write at all is an error).
-async fn write_all<C: Write>(conn: &mut C, mut bytes: &[u8]) -> Result<(), Error> {
-    while !bytes.is_empty() {
-        match conn.write(bytes).await {
-            Ok(0) => return Err(Error::Io(embedded_io_async::ErrorKind::WriteZero)),
-            Ok(n) => bytes = bytes.get(n..).unwrap_or(&[]),
-            Err(e) => return Err(Error::io(&e)),
-        }
-    }
-    Ok(())
 }
 
 /// A window onto a request being encoded: the encoder writes the whole request from
@@ -310,38 +269,9 @@ impl<'b> Window<'b> {
     }
 }
 
-/// Writes a request through `buf` and flushes the connection: `encode` fills a window
-/// with the bytes from an offset on (see [`Window`]); a request of any size needs no
-/// more RAM than `buf` (at least one byte: an empty `buf` is replaced by a small one).
-pub(crate) async fn send<C: Write>(
-    conn: &mut C,
-    buf: &mut [u8],
-    encode: &dyn Fn(&mut Window<'_>),
-) -> Result<(), Error> {
-    let mut fallback = [0u8; 8];
-    let buf = if buf.is_empty() {
-        &mut fallback[..]
-    } else {
-        buf
-    };
-    let mut sent = 0usize;
-    loop {
-        let mut window = Window::new(sent, buf);
-        encode(&mut window);
-        let n = window.len();
-        if n == 0 {
-            break;
-        }
-        write_all(conn, buf.get(..n).unwrap_or(&[])).await?;
-        sent = sent.saturating_add(n);
-    }
-    conn.flush().await.map_err(|e| Error::io(&e))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::vec::Vec;
 
     #[test]
     fn parses_what_the_scripts_answer() {
@@ -414,46 +344,6 @@ mod tests {
             b"-1",
         ] {
             assert_eq!(fence_digits(bad), None, "{bad:?}");
-        }
-    }
-
-    /// A connection that records what is written, in writes of at most 3 bytes.
-    struct Sink(Vec<u8>);
-
-    impl embedded_io_async::ErrorType for Sink {
-        type Error = core::convert::Infallible;
-    }
-
-    impl Write for Sink {
-        async fn write(&mut self, buf: &[u8]) -> Result<usize, Self::Error> {
-            let n = buf.len().min(3);
-            self.0.extend_from_slice(&buf[..n]);
-            Ok(n)
-        }
-
-        async fn flush(&mut self) -> Result<(), Self::Error> {
-            Ok(())
-        }
-    }
-
-    #[test]
-    fn requests_of_any_size_pass_through_a_small_buffer() {
-        let long = [b'k'; 300];
-        let encode = |w: &mut Window<'_>| {
-            w.put(b"*3\r\n$3\r\nGET\r\n$300\r\n");
-            w.put(&long);
-            w.put(b"\r\n$20\r\n");
-            w.number(u64::MAX);
-            w.put(b"\r\n");
-        };
-        for size in [0usize, 1, 7, 64, 1024] {
-            let mut sink = Sink(Vec::new());
-            let mut buf = std::vec![0u8; size];
-            futures::executor::block_on(send(&mut sink, &mut buf, &encode)).unwrap();
-            let mut want = b"*3\r\n$3\r\nGET\r\n$300\r\n".to_vec();
-            want.extend_from_slice(&long);
-            want.extend_from_slice(b"\r\n$20\r\n18446744073709551615\r\n");
-            assert_eq!(sink.0, want, "buffer of {size}");
         }
     }
 

@@ -180,6 +180,17 @@ return {1, presented}
 /// into both.
 pub const LOCK_VALUE_PATTERN: &str = lock_value_pattern!();
 
+/// A script's source and SHA1, as a request sends them.
+pub(crate) type Script = (&'static str, &'static str);
+/// [`ACQUIRE`] and its SHA1.
+pub(crate) const ACQUIRE_PAIR: Script = (ACQUIRE, ACQUIRE_SHA);
+/// [`RENEW`] and its SHA1.
+pub(crate) const RENEW_PAIR: Script = (RENEW, RENEW_SHA);
+/// [`RELEASE`] and its SHA1.
+pub(crate) const RELEASE_PAIR: Script = (RELEASE, RELEASE_SHA);
+/// [`HOLDER`] and its SHA1.
+pub(crate) const HOLDER_PAIR: Script = (HOLDER, HOLDER_SHA);
+
 /// SHA1 of [`ACQUIRE`], lowercase hex: what `EVALSHA` names it by.
 pub const ACQUIRE_SHA: &str = "f10a070c4e75a91729d030ca99d8934c97babeab";
 /// SHA1 of [`RENEW`].

@@ -4,15 +4,16 @@
 use core::cell::{Cell, RefCell};
 use core::num::NonZeroU16;
 
-use embedded_io_async::Write;
+use embedded_io_async::{Error as _, Read, Write};
 use leasehold::{Duration, EncodedToken, Fence, Holder, Identity, OwnerToken};
 use leasehold_driver::Clock;
 
 use crate::connect::{before, Connect};
 use crate::error::{Error, ProtocolError, ServerError};
+use crate::exchange::{Exchange, Fault, Next};
 use crate::replies::{self, Acquired};
-use crate::resp::{self, read_reply, Reply, Scalar, Window};
-use crate::scripts;
+use crate::resp::{self, Reply, Window};
+use crate::scripts::{self, Script};
 
 /// The read buffer's default size: the longest answer a script gives (a holder with
 /// a 64-byte identity and a 20-digit fence) is about 120 bytes, and Redis's error
@@ -79,25 +80,29 @@ struct Inner<F: Connect, const R: usize, const W: usize> {
 
 /// One command: a script call, a script load, or `AUTH`.
 #[derive(Clone, Copy)]
-enum Request<'r> {
+pub(crate) enum Request<'r> {
     Acquire {
         key: &'r str,
         token: &'r EncodedToken,
         ms: u64,
         identity: &'r str,
+        script: Script,
     },
     Renew {
         key: &'r str,
         token: &'r EncodedToken,
         fence: u64,
         ms: u64,
+        script: Script,
     },
     Release {
         key: &'r str,
         token: &'r EncodedToken,
+        script: Script,
     },
     Holder {
         key: &'r str,
+        script: Script,
     },
     /// `SCRIPT LOAD source`.
     Load {
@@ -111,12 +116,12 @@ enum Request<'r> {
 
 impl<'r> Request<'r> {
     /// The script's source and SHA1 (an `EVALSHA` request), or `None`.
-    fn script(&self) -> Option<(&'static str, &'static str)> {
+    pub(crate) fn script(&self) -> Option<(&'static str, &'static str)> {
         match self {
-            Request::Acquire { .. } => Some((scripts::ACQUIRE, scripts::ACQUIRE_SHA)),
-            Request::Renew { .. } => Some((scripts::RENEW, scripts::RENEW_SHA)),
-            Request::Release { .. } => Some((scripts::RELEASE, scripts::RELEASE_SHA)),
-            Request::Holder { .. } => Some((scripts::HOLDER, scripts::HOLDER_SHA)),
+            Request::Acquire { script, .. }
+            | Request::Renew { script, .. }
+            | Request::Release { script, .. }
+            | Request::Holder { script, .. } => Some(*script),
             Request::Load { .. } | Request::Auth(_) => None,
         }
     }
@@ -157,7 +162,7 @@ impl<'r> Request<'r> {
                 Request::Acquire { key, .. }
                 | Request::Renew { key, .. }
                 | Request::Release { key, .. }
-                | Request::Holder { key },
+                | Request::Holder { key, .. },
                 3,
             ) => {
                 out.put(b"{");
@@ -190,7 +195,7 @@ impl<'r> Request<'r> {
     /// The command, into a window (see `resp::send`): `*N`, then each argument as a
     /// bulk string, its length found by writing it into a window that only counts.
     /// Synchronous and not generic: one copy serves every connection.
-    fn encode(&self, out: &mut Window<'_>) {
+    pub(crate) fn encode(&self, out: &mut Window<'_>) {
         out.put(b"*");
         out.number(self.args() as u64);
         out.put(b"\r\n");
@@ -203,11 +208,6 @@ impl<'r> Request<'r> {
             self.arg(i, out);
             out.put(b"\r\n");
         }
-    }
-
-    /// Writes the command and flushes it.
-    async fn send<C: Write>(&self, conn: &mut C, buf: &mut [u8]) -> Result<(), Error> {
-        resp::send(conn, buf, &|out| self.encode(out)).await
     }
 }
 
@@ -276,22 +276,21 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
         identity: &Identity,
         ttl: Duration,
     ) -> Result<leasehold::AcquireOutcome, Error> {
-        leasehold::check_key(key).map_err(Error::InvalidKey)?;
-        let (ms, applied) = ttl_ms(ttl);
-        let token = token.encode();
-        let request = Request::Acquire {
-            key,
-            token: &token,
-            ms,
-            identity: identity.as_str(),
-        };
-        Ok(match self.call(&request, replies::acquire).await? {
-            Acquired::Granted(fence) => leasehold::AcquireOutcome::Granted {
-                fence,
-                ttl: applied,
-            },
-            Acquired::HeldByAnother(holder) => leasehold::AcquireOutcome::HeldByAnother(holder),
-        })
+        match self
+            .perform(
+                Op::Acquire {
+                    key,
+                    token,
+                    identity,
+                    ttl,
+                },
+                scripts::ACQUIRE_PAIR,
+            )
+            .await?
+        {
+            Answered::Acquire(outcome) => Ok(outcome),
+            _ => Err(UNEXPECTED),
+        }
     }
 
     /// Replaces the expiry of `key` with now + `ttl` (whole ms, rounded up) if
@@ -304,20 +303,21 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
         fence: Fence,
         ttl: Duration,
     ) -> Result<leasehold::RenewOutcome, Error> {
-        leasehold::check_key(key).map_err(Error::InvalidKey)?;
-        let (ms, applied) = ttl_ms(ttl);
-        let token = token.encode();
-        let request = Request::Renew {
-            key,
-            token: &token,
-            fence: fence.0,
-            ms,
-        };
-        Ok(if self.call(&request, replies::flag).await? {
-            leasehold::RenewOutcome::Renewed { ttl: applied }
-        } else {
-            leasehold::RenewOutcome::NotOwner
-        })
+        match self
+            .perform(
+                Op::Renew {
+                    key,
+                    token,
+                    fence,
+                    ttl,
+                },
+                scripts::RENEW_PAIR,
+            )
+            .await?
+        {
+            Answered::Renew(outcome) => Ok(outcome),
+            _ => Err(UNEXPECTED),
+        }
     }
 
     /// Deletes `key` if `token` holds it; `Ok` holds `Released` or `NotOwner`.
@@ -326,38 +326,58 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
         key: &str,
         token: OwnerToken,
     ) -> Result<leasehold::ReleaseOutcome, Error> {
-        leasehold::check_key(key).map_err(Error::InvalidKey)?;
-        let token = token.encode();
-        let request = Request::Release { key, token: &token };
-        Ok(if self.call(&request, replies::flag).await? {
-            leasehold::ReleaseOutcome::Released
-        } else {
-            leasehold::ReleaseOutcome::NotOwner
-        })
+        match self
+            .perform(Op::Release { key, token }, scripts::RELEASE_PAIR)
+            .await?
+        {
+            Answered::Release(outcome) => Ok(outcome),
+            _ => Err(UNEXPECTED),
+        }
     }
 
     /// Who holds `key` now, or `None`.
     pub async fn try_holder(&self, key: &str) -> Result<Option<Holder>, Error> {
-        leasehold::check_key(key).map_err(Error::InvalidKey)?;
-        self.call(&Request::Holder { key }, replies::holder_query)
-            .await
+        match self
+            .perform(Op::Holder { key }, scripts::HOLDER_PAIR)
+            .await?
+        {
+            Answered::Holder(holder) => Ok(holder),
+            _ => Err(UNEXPECTED),
+        }
     }
 
-    /// Runs `request` under the deadline and reads its answer with `answer`.
-    // The `RefCell` borrow spans the request on purpose: it *is* the one-in-flight
-    // rule. A second caller meets `try_borrow_mut`'s error (`Busy`), never a panic.
-    #[allow(clippy::await_holding_refcell_ref)]
-    async fn call<T>(
-        &self,
-        request: &Request<'_>,
-        answer: fn(Reply<'_>) -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        let mut inner = self.inner.try_borrow_mut().map_err(|_| Error::Busy)?;
-        let len = self.transact(&mut inner, request).await?;
-        let result = match parsed(inner.read.get(..len).unwrap_or(&[]))? {
-            Reply::Error(line) => Err(Error::Server(ServerError::from_line(line))),
-            reply => answer(reply),
+    /// Any operation: one future type, whose code is linked once, serves all four
+    /// (an `async fn` each would put four copies of the request path into the
+    /// caller's state machine: kilobytes of flash on a microcontroller).
+    ///
+    /// The operation's script comes from the caller, so a program that never calls
+    /// an operation does not link its script's text.
+    pub(crate) async fn perform(&self, op: Op<'_>, script: Script) -> Result<Answered, Error> {
+        let key = op.key();
+        leasehold::check_key(key).map_err(Error::InvalidKey)?;
+        let token = &op.token().encode();
+        let (ms, applied) = ttl_ms(op.ttl());
+        let request = match op {
+            Op::Acquire { identity, .. } => Request::Acquire {
+                key,
+                token,
+                ms,
+                identity: identity.as_str(),
+                script,
+            },
+            Op::Renew { fence, .. } => Request::Renew {
+                key,
+                token,
+                fence: fence.0,
+                ms,
+                script,
+            },
+            Op::Release { .. } => Request::Release { key, token, script },
+            Op::Holder { .. } => Request::Holder { key, script },
         };
+        let mut inner = self.inner.try_borrow_mut().map_err(|_| Error::Busy)?;
+        let exchanged = self.transact(&mut inner, &request).await;
+        let result = answer(&op, applied, exchanged, &inner.read);
         if let Err(Error::Protocol(_)) = result {
             // Not what the script answers: whoever answered, do not ask it again.
             inner.conn = None;
@@ -367,20 +387,19 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
 
     /// Sends `request` on a usable connection under the deadline and reads one whole
     /// reply (its length, at the start of the read buffer); drops the connection
-    /// unless that succeeded. Not generic over the answer: one copy of the state
-    /// machine serves every request (flash on a microcontroller).
+    /// unless that succeeded.
     async fn transact(
         &self,
         inner: &mut Inner<F, R, W>,
         request: &Request<'_>,
-    ) -> Result<usize, Error> {
+    ) -> Result<usize, Fault> {
         let deadline = self.clock.now().saturating_add(self.request_timeout);
         let result = before(
             self.exchange(inner, request),
             self.clock.sleep_until(deadline),
         )
         .await
-        .unwrap_or(Err(Error::Timeout));
+        .unwrap_or(Err(Fault::Timeout));
         inner.clean = result.is_ok();
         if !inner.clean {
             inner.conn = None;
@@ -388,11 +407,13 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
         result
     }
 
+    /// Carries out what an [`Exchange`] says, on the connection (made first if there
+    /// is none).
     async fn exchange(
         &self,
         inner: &mut Inner<F, R, W>,
         request: &Request<'_>,
-    ) -> Result<usize, Error> {
+    ) -> Result<usize, Fault> {
         if !inner.clean {
             // The last request was dropped half-way: its answer may still come.
             inner.conn = None;
@@ -406,96 +427,164 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
             write,
             ..
         } = inner;
-        // On a new connection, `AUTH` first (when there are credentials).
-        let mut step = Step::Request;
+        let fresh = conn.is_none();
         let conn = match conn {
             Some(conn) => conn,
             None => {
-                let fresh = connect.connect().await.map_err(|_| Error::Connect)?;
+                let made = connect.connect().await.map_err(|_| Fault::Connect)?;
                 self.connects.set(self.connects.get().wrapping_add(1));
-                if self.auth.is_some() {
-                    step = Step::Auth;
-                }
-                conn.insert(fresh)
+                conn.insert(made)
             }
         };
-        // One send and one read for every command of the exchange (`AUTH`, the
-        // request, `SCRIPT LOAD`, the request again): one copy of each in the state
-        // machine.
-        let mut reloaded = false;
-        loop {
-            // Built in place, never copied: a copy of a request into the state
-            // machine links `memmove` (1.5 KiB of flash on a microcontroller).
-            let other;
-            let sending = match (step, &self.auth, request.script()) {
-                (Step::Auth, Some(auth), _) => {
-                    other = Request::Auth(auth);
-                    &other
-                }
-                (Step::Load, _, Some((source, _))) => {
-                    other = Request::Load { source };
-                    &other
-                }
-                _ => request,
+        // `AUTH` first on a new connection, when there are credentials.
+        let mut exchange = Exchange::new(fresh && self.auth.is_some());
+        let result = loop {
+            let did = match exchange.next(request, self.auth.as_ref(), read, write) {
+                Ok(Next::Write(n)) => conn.write(write.get(..n).unwrap_or(&[])).await,
+                Ok(Next::Flush) => conn.flush().await.map(|()| 0),
+                Ok(Next::Read(from)) => conn.read(read.get_mut(from..).unwrap_or(&mut [])).await,
+                Ok(Next::Done(len)) => break Ok(len),
+                Err(fault) => break Err(fault),
             };
-            sending.send(conn, write).await?;
-            let len = read_reply(conn, read).await?;
-            let reply = parsed(read.get(..len).unwrap_or(&[]))?;
-            match (step, reply) {
-                (Step::Auth, Reply::Scalar(Scalar::Simple(b"OK"))) => {}
-                (Step::Auth, Reply::Error(line)) => {
-                    return Err(Error::AuthRefused(ServerError::from_line(line)))
-                }
-                (Step::Load, Reply::Error(line)) => {
-                    return Err(Error::Server(ServerError::from_line(line)))
-                }
-                (Step::Load, Reply::Scalar(Scalar::Bulk(Some(answer)))) => {
-                    if request
-                        .script()
-                        .map_or(true, |(_, sha)| !resp::same(answer, sha.as_bytes()))
-                    {
-                        return Err(Error::Protocol(ProtocolError::WrongSha));
-                    }
-                    reloaded = true;
-                }
-                (Step::Auth | Step::Load, _) => {
-                    return Err(Error::Protocol(ProtocolError::Unexpected))
-                }
-                (_, Reply::Error(line))
-                    if !reloaded
-                        && resp::same(
-                            ServerError::from_line(line).code().as_bytes(),
-                            b"NOSCRIPT",
-                        ) =>
-                {
-                    // Redis forgot the script (a restart, SCRIPT FLUSH, a failover):
-                    // load it and ask again, once.
-                    if request.script().is_none() {
-                        return Ok(len);
-                    }
-                    self.reloads.set(self.reloads.get().wrapping_add(1));
-                    step = Step::Load;
-                    continue;
-                }
-                _ => return Ok(len),
+            if let Err(fault) = did
+                .map_err(|e| Fault::Io(e.kind()))
+                .and_then(|n| exchange.did(n))
+            {
+                break Err(fault);
             }
-            step = Step::Request;
+        };
+        if exchange.reloaded() {
+            self.reloads.set(self.reloads.get().wrapping_add(1));
+        }
+        result
+    }
+}
+
+/// The operation's answer from what the exchange ended with: the reply at the start
+/// of `read`, or a fault (an error line Redis answered is in `read` too). Plain
+/// code, linked once.
+fn answer(
+    op: &Op<'_>,
+    applied: Duration,
+    exchanged: Result<usize, Fault>,
+    read: &[u8],
+) -> Result<Answered, Error> {
+    let reply = match exchanged {
+        Ok(len) => parsed(read.get(..len).unwrap_or(&[]))?,
+        Err(fault) => return Err(error_of(fault, read)),
+    };
+    let reply = match reply {
+        Reply::Error(line) => return Err(Error::Server(ServerError::from_line(line))),
+        reply => reply,
+    };
+    match op {
+        Op::Acquire { .. } => replies::acquire(reply).map(|acquired| {
+            Answered::Acquire(match acquired {
+                Acquired::Granted(fence) => leasehold::AcquireOutcome::Granted {
+                    fence,
+                    ttl: applied,
+                },
+                Acquired::HeldByAnother(holder) => leasehold::AcquireOutcome::HeldByAnother(holder),
+            })
+        }),
+        Op::Renew { .. } => replies::flag(reply).map(|renewed| {
+            Answered::Renew(if renewed {
+                leasehold::RenewOutcome::Renewed { ttl: applied }
+            } else {
+                leasehold::RenewOutcome::NotOwner
+            })
+        }),
+        Op::Release { .. } => replies::flag(reply).map(|released| {
+            Answered::Release(if released {
+                leasehold::ReleaseOutcome::Released
+            } else {
+                leasehold::ReleaseOutcome::NotOwner
+            })
+        }),
+        Op::Holder { .. } => replies::holder_query(reply).map(Answered::Holder),
+    }
+}
+
+/// The typed error of a fault; a refusal's error line is the reply in `read`.
+fn error_of(fault: Fault, read: &[u8]) -> Error {
+    let line = || match resp::parse(read) {
+        Ok((Reply::Error(line), _)) => line,
+        _ => &[],
+    };
+    match fault {
+        Fault::Connect => Error::Connect,
+        Fault::Io(kind) => Error::Io(kind),
+        Fault::Closed => Error::Closed,
+        Fault::Timeout => Error::Timeout,
+        Fault::Protocol(p) => Error::Protocol(p),
+        Fault::Server => Error::Server(ServerError::from_line(line())),
+        Fault::AuthRefused => Error::AuthRefused(ServerError::from_line(line())),
+    }
+}
+
+/// A lease operation and its arguments, as the trait's methods take them.
+#[derive(Clone, Copy)]
+pub(crate) enum Op<'r> {
+    Acquire {
+        key: &'r str,
+        token: OwnerToken,
+        identity: &'r Identity,
+        ttl: Duration,
+    },
+    Renew {
+        key: &'r str,
+        token: OwnerToken,
+        fence: Fence,
+        ttl: Duration,
+    },
+    Release {
+        key: &'r str,
+        token: OwnerToken,
+    },
+    Holder {
+        key: &'r str,
+    },
+}
+
+impl Op<'_> {
+    fn key(&self) -> &str {
+        match *self {
+            Op::Acquire { key, .. }
+            | Op::Renew { key, .. }
+            | Op::Release { key, .. }
+            | Op::Holder { key } => key,
+        }
+    }
+
+    /// The owner's token (a holder query has none, and sends none).
+    fn token(&self) -> OwnerToken {
+        match *self {
+            Op::Acquire { token, .. } | Op::Renew { token, .. } | Op::Release { token, .. } => {
+                token
+            }
+            Op::Holder { .. } => leasehold::Owner([0; 16]).token(leasehold::Term(0)),
+        }
+    }
+
+    fn ttl(&self) -> Duration {
+        match *self {
+            Op::Acquire { ttl, .. } | Op::Renew { ttl, .. } => ttl,
+            Op::Release { .. } | Op::Holder { .. } => Duration::ZERO,
         }
     }
 }
 
-/// Which command of an exchange is on the wire.
-#[derive(Clone, Copy)]
-enum Step {
-    /// `AUTH`, first on a new connection.
-    Auth,
-    /// The request itself.
-    Request,
-    /// `SCRIPT LOAD` of the request's script, after `NOSCRIPT`.
-    Load,
+/// What an operation's script answered.
+pub(crate) enum Answered {
+    Acquire(leasehold::AcquireOutcome),
+    Renew(leasehold::RenewOutcome),
+    Release(leasehold::ReleaseOutcome),
+    Holder(Option<Holder>),
 }
 
-/// The reply `read_reply` found whole at the start of `buf`.
+const UNEXPECTED: Error = Error::Protocol(ProtocolError::Unexpected);
+
+/// The reply the exchange found whole at the start of `buf`.
 fn parsed(buf: &[u8]) -> Result<Reply<'_>, Error> {
     resp::parse(buf)
         .map(|(reply, _)| reply)
@@ -519,22 +608,11 @@ mod tests {
 
     /// The bytes of `request` as sent.
     fn wire(request: Request<'_>) -> std::string::String {
-        struct Sink(std::vec::Vec<u8>);
-        impl embedded_io_async::ErrorType for Sink {
-            type Error = core::convert::Infallible;
-        }
-        impl Write for Sink {
-            async fn write(&mut self, buf: &[u8]) -> Result<usize, Self::Error> {
-                self.0.extend_from_slice(buf);
-                Ok(buf.len())
-            }
-            async fn flush(&mut self) -> Result<(), Self::Error> {
-                Ok(())
-            }
-        }
-        let mut sink = Sink(std::vec::Vec::new());
-        futures::executor::block_on(request.send(&mut sink, &mut [0; 16])).unwrap();
-        std::string::String::from_utf8(sink.0).unwrap()
+        let mut buf = [0u8; 1024];
+        let mut window = Window::new(0, &mut buf);
+        request.encode(&mut window);
+        let len = window.len();
+        std::string::String::from_utf8(buf[..len].to_vec()).unwrap()
     }
 
     #[test]
@@ -549,7 +627,8 @@ mod tests {
                 key: "k",
                 token: &token,
                 ms: 300,
-                identity: "dev"
+                identity: "dev",
+                script: scripts::ACQUIRE_PAIR,
             }),
             std::format!(
                 "*8\r\n$7\r\nEVALSHA\r\n$40\r\n{sha}\r\n$1\r\n2\r\n$3\r\n{{k}}\r\n\
@@ -562,7 +641,8 @@ mod tests {
                 key: "k",
                 token: &token,
                 fence: u64::MAX,
-                ms: 1
+                ms: 1,
+                script: scripts::RENEW_PAIR,
             }),
             std::format!(
                 "*6\r\n$7\r\nEVALSHA\r\n$40\r\n{sha}\r\n$1\r\n1\r\n$3\r\n{{k}}\r\n\
@@ -573,7 +653,8 @@ mod tests {
         assert_eq!(
             wire(Request::Release {
                 key: "k",
-                token: &token
+                token: &token,
+                script: scripts::RELEASE_PAIR,
             }),
             std::format!(
                 "*5\r\n$7\r\nEVALSHA\r\n$40\r\n{sha}\r\n$1\r\n1\r\n$3\r\n{{k}}\r\n\
