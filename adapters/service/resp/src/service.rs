@@ -352,6 +352,9 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
     ///
     /// The operation's script comes from the caller, so a program that never calls
     /// an operation does not link its script's text.
+    // The `RefCell` borrow spans the request on purpose: it *is* the one-in-flight
+    // rule. A second caller meets `try_borrow_mut`'s error (`Busy`), never a panic.
+    #[allow(clippy::await_holding_refcell_ref)]
     pub(crate) async fn perform(&self, op: Op<'_>, script: Script) -> Result<Answered, Error> {
         let key = op.key();
         leasehold::check_key(key).map_err(Error::InvalidKey)?;
