@@ -45,7 +45,7 @@ pub struct Auth<'a> {
 ///   after it starts; nothing else tells time.
 /// * `R` bytes hold one reply ([`DEFAULT_READ_BUFFER`]); a longer one is
 ///   `Indeterminate(Protocol)`. `W` bytes gather a request before it is written
-///   ([`DEFAULT_WRITE_BUFFER`]).
+///   ([`DEFAULT_WRITE_BUFFER`]); at least one, or [`new`](Self::new) does not compile.
 ///
 /// One request is in flight at a time; a second caller gets
 /// [`Error::Busy`] (`Indeterminate(Transport)`), never a mixed-up reply. The
@@ -227,6 +227,8 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
     /// A service that connects with `connect` when it first needs to, with no
     /// `AUTH` and the [`DEFAULT_REQUEST_TIMEOUT`].
     pub fn new(connect: F, clock: K) -> Self {
+        // A request goes out through the write buffer: with no room, none would.
+        const { assert!(W > 0, "the write buffer needs at least one byte") };
         RespLockService {
             clock,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
