@@ -4,7 +4,7 @@
 use leasehold::{Duration, Fence, Holder, Identity};
 
 use crate::error::{Error, ProtocolError};
-use crate::resp::{fence_digits, Reply, Scalar};
+use crate::resp::{fence_digits, Items, Reply, Scalar};
 
 /// What the acquire script answered: a grant's fence, or who holds the key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,24 +18,24 @@ const UNEXPECTED: Error = Error::Protocol(ProtocolError::Unexpected);
 /// `{1, fence}` / `{2, fence}` (granted, or granted again to the same token) or
 /// `{0, fence, identity, pttl}`.
 pub(crate) fn acquire(reply: Reply<'_>) -> Result<Acquired, Error> {
-    let Reply::Array(items) = reply else {
+    let Reply::Array(mut items) = reply else {
         return Err(UNEXPECTED);
     };
-    match items.as_slice() {
-        [Scalar::Int(1 | 2), fence_item] => Ok(Acquired::Granted(fence(fence_item)?)),
-        [Scalar::Int(0), rest @ ..] => Ok(Acquired::HeldByAnother(holder(rest)?)),
+    match (items.len(), items.next()) {
+        (2, Some(Scalar::Int(1 | 2))) => Ok(Acquired::Granted(fence(items.next())?)),
+        (4, Some(Scalar::Int(0))) => Ok(Acquired::HeldByAnother(holder(items)?)),
         _ => Err(UNEXPECTED),
     }
 }
 
 /// `{0}` (free) or `{1, fence, identity, pttl}`.
 pub(crate) fn holder_query(reply: Reply<'_>) -> Result<Option<Holder>, Error> {
-    let Reply::Array(items) = reply else {
+    let Reply::Array(mut items) = reply else {
         return Err(UNEXPECTED);
     };
-    match items.as_slice() {
-        [Scalar::Int(0)] => Ok(None),
-        [Scalar::Int(1), rest @ ..] => holder(rest).map(Some),
+    match (items.len(), items.next()) {
+        (1, Some(Scalar::Int(0))) => Ok(None),
+        (4, Some(Scalar::Int(1))) => holder(items).map(Some),
         _ => Err(UNEXPECTED),
     }
 }
@@ -49,12 +49,15 @@ pub(crate) fn flag(reply: Reply<'_>) -> Result<bool, Error> {
     }
 }
 
-/// `fence, identity, pttl` of a held key.
-fn holder(items: &[Scalar<'_>]) -> Result<Holder, Error> {
-    let [fence_item, Scalar::Bulk(Some(identity)), Scalar::Int(pttl)] = items else {
+/// `fence, identity, pttl` of a held key: the last three items.
+fn holder(mut items: Items<'_>) -> Result<Holder, Error> {
+    let fence = fence(items.next())?;
+    let (Some(Scalar::Bulk(Some(identity))), Some(Scalar::Int(pttl))) =
+        (items.next(), items.next())
+    else {
         return Err(UNEXPECTED);
     };
-    let remaining = match *pttl {
+    let remaining = match pttl {
         // No expiry (someone ran PERSIST on it): held until deleted.
         -1 => Duration::MAX,
         ms if ms >= 0 => Duration::from_millis(ms.unsigned_abs()),
@@ -62,15 +65,15 @@ fn holder(items: &[Scalar<'_>]) -> Result<Holder, Error> {
     };
     Ok(Holder {
         identity: Identity::lossy(utf8_prefix(identity)),
-        fence: fence(fence_item)?,
+        fence,
         remaining,
     })
 }
 
 /// A fence travels as a decimal bulk string: exact beyond Lua's 2^53.
-fn fence(item: &Scalar<'_>) -> Result<Fence, Error> {
+fn fence(item: Option<Scalar<'_>>) -> Result<Fence, Error> {
     match item {
-        Scalar::Bulk(Some(digits)) => fence_digits(digits).map(Fence).ok_or(UNEXPECTED),
+        Some(Scalar::Bulk(Some(digits))) => fence_digits(digits).map(Fence).ok_or(UNEXPECTED),
         _ => Err(UNEXPECTED),
     }
 }

@@ -33,16 +33,30 @@ pub(crate) enum Reply<'a> {
     Array(Items<'a>),
 }
 
-/// The scalars of an array reply.
+/// The scalars of an array reply, read one by one from the reply's bytes (which
+/// [`parse`] checked whole): no array of parsed items is built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Items<'a> {
-    items: [Scalar<'a>; MAX_ITEMS],
-    len: usize,
+    buf: &'a [u8],
+    at: usize,
+    left: usize,
 }
 
 impl<'a> Items<'a> {
-    pub(crate) fn as_slice(&self) -> &[Scalar<'a>] {
-        self.items.get(..self.len).unwrap_or(&[])
+    /// How many scalars are left.
+    pub(crate) fn len(&self) -> usize {
+        self.left
+    }
+}
+
+impl<'a> Iterator for Items<'a> {
+    type Item = Scalar<'a>;
+
+    fn next(&mut self) -> Option<Scalar<'a>> {
+        self.left = self.left.checked_sub(1)?;
+        let (item, after) = scalar(self.buf, self.at).ok()?;
+        self.at = after;
+        Some(item)
     }
 }
 
@@ -65,14 +79,16 @@ pub(crate) fn parse(buf: &[u8]) -> Result<(Reply<'_>, usize), Partial> {
             if count > MAX_ITEMS {
                 return Err(Partial::Malformed);
             }
-            let mut items = [Scalar::Int(0); MAX_ITEMS];
             let mut at = next;
-            for slot in items.iter_mut().take(count) {
-                let (item, after) = scalar(buf, at)?;
-                *slot = item;
-                at = after;
+            for _ in 0..count {
+                at = scalar(buf, at)?.1;
             }
-            Ok((Reply::Array(Items { items, len: count }), at))
+            let items = Items {
+                buf,
+                at: next,
+                left: count,
+            };
+            Ok((Reply::Array(items), at))
         }
         _ => scalar(buf, 0).map(|(s, at)| (Reply::Scalar(s), at)),
     }
@@ -280,9 +296,10 @@ mod tests {
         let Reply::Array(items) = reply else {
             panic!("{reply:?}")
         };
+        assert_eq!(items.len(), 2);
         assert_eq!(
-            items.as_slice(),
-            &[Scalar::Int(1), Scalar::Bulk(Some(b"42"))]
+            items.collect::<std::vec::Vec<_>>(),
+            [Scalar::Int(1), Scalar::Bulk(Some(b"42"))]
         );
         assert_eq!(parse(b":-1\r\n"), Ok((Reply::Scalar(Scalar::Int(-1)), 5)));
         assert_eq!(
