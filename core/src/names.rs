@@ -57,6 +57,41 @@ fn control_at(bytes: &[u8], at: usize, byte: u8) -> bool {
                 .is_some_and(|&next| (0x80..=0x9f).contains(&next)))
 }
 
+/// How many bytes at the start of `bytes` are whole, valid UTF-8 characters (what
+/// `str::from_utf8`'s `valid_up_to` says), checked byte by byte: no table.
+fn valid_utf8_prefix(bytes: &[u8]) -> usize {
+    // One pass: `start` is where the current character began, `more` how many of its
+    // continuation bytes are still to come, and `low..=high` the range the next one
+    // must be in (narrower for the second byte after some lead bytes, which rules
+    // out overlong forms, surrogates and code points past U+10FFFF).
+    let (mut start, mut more, mut low, mut high) = (0, 0u8, 0x80u8, 0xbfu8);
+    for (at, &byte) in bytes.iter().enumerate() {
+        if more == 0 {
+            start = at;
+            (more, low, high) = match byte {
+                0x00..=0x7f => (0, 0x80, 0xbf),
+                0xc2..=0xdf => (1, 0x80, 0xbf),
+                0xe0 => (2, 0xa0, 0xbf),
+                0xed => (2, 0x80, 0x9f),
+                0xe1..=0xef => (2, 0x80, 0xbf),
+                0xf0 => (3, 0x90, 0xbf),
+                0xf1..=0xf3 => (3, 0x80, 0xbf),
+                0xf4 => (3, 0x80, 0x8f),
+                _ => return at,
+            };
+        } else if (low..=high).contains(&byte) {
+            (more, low, high) = (more.saturating_sub(1), 0x80, 0xbf);
+        } else {
+            return start;
+        }
+    }
+    if more == 0 {
+        bytes.len()
+    } else {
+        start
+    }
+}
+
 /// Why a key breaks the key rules (see [`check_key`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
@@ -145,11 +180,26 @@ impl Identity {
     /// character boundary) and replaces each byte of a control character with `?`: for
     /// identities read back from a service, which must not fail a query.
     pub fn lossy(text: &str) -> Identity {
-        let mut len = text.len().min(Identity::CAPACITY);
-        while !text.is_char_boundary(len) {
+        // One path for both (a `str` passes the check whole): less flash.
+        Identity::lossy_utf8(text.as_bytes())
+    }
+
+    /// Like [`lossy`](Self::lossy), from bytes that should be UTF-8: the longest prefix
+    /// that is valid UTF-8, then as `lossy`. For identities a service sends back as
+    /// bytes: no UTF-8 check of the `str` kind is linked, which costs a microcontroller
+    /// about 600 B of flash with its table.
+    pub fn lossy_utf8(bytes: &[u8]) -> Identity {
+        Identity::from_valid(bytes.get(..valid_utf8_prefix(bytes)).unwrap_or(&[]))
+    }
+
+    /// `lossy` of UTF-8 `bytes`.
+    fn from_valid(bytes: &[u8]) -> Identity {
+        let mut len = bytes.len().min(Identity::CAPACITY);
+        // Cut on a character boundary: not before a continuation byte.
+        while len > 0 && bytes.get(len).is_some_and(|&byte| byte & 0xc0 == 0x80) {
             len = len.saturating_sub(1);
         }
-        let bytes = text.as_bytes().get(..len).unwrap_or(&[]);
+        let bytes = bytes.get(..len).unwrap_or(&[]);
         let mut control_tail = false;
         // Each byte is written once, the text's or zero past it: no zero fill first.
         let buf = core::array::from_fn(|at| match bytes.get(at) {
@@ -179,6 +229,11 @@ impl Identity {
         // ASCII fast path, which a 64-byte text does not need).
         let bytes = self.buf.get(..usize::from(self.len)).unwrap_or(&[]);
         bytes.utf8_chunks().next().map_or("", |chunk| chunk.valid())
+    }
+
+    /// The identity's text as bytes (UTF-8): what a service stores, with no check.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.get(..usize::from(self.len)).unwrap_or(&[])
     }
 
     /// Whether no identity was given.
@@ -287,6 +342,57 @@ mod tests {
         assert_eq!(check_key("a\u{7f}"), Err(KeyError::Control { at: 1 }));
         assert_eq!(check_key("ab\u{9f}"), Err(KeyError::Control { at: 2 }));
         assert_eq!(check_key("\u{a0}\u{100}\u{1f600}"), Ok(()), "not controls");
+    }
+
+    /// What `str::from_utf8` finds valid at the start of `bytes`.
+    fn std_valid_prefix(bytes: &[u8]) -> usize {
+        core::str::from_utf8(bytes).map_or_else(|e| e.valid_up_to(), str::len)
+    }
+
+    #[test]
+    fn the_utf8_check_agrees_with_std_on_every_short_sequence() {
+        // Every one- and two-byte sequence; three and four bytes from the values
+        // where the rules change (ASCII, continuation bounds, lead-byte bounds).
+        for a in 0..=255u8 {
+            assert_eq!(valid_utf8_prefix(&[a]), std_valid_prefix(&[a]), "{a:#x}");
+            for b in 0..=255u8 {
+                let two = [a, b];
+                assert_eq!(valid_utf8_prefix(&two), std_valid_prefix(&two), "{two:x?}");
+            }
+        }
+        let edges = [
+            0x00, 0x41, 0x7f, 0x80, 0x8f, 0x90, 0x9f, 0xa0, 0xbf, 0xc0, 0xc1, 0xc2, 0xdf, 0xe0,
+            0xe1, 0xec, 0xed, 0xee, 0xef, 0xf0, 0xf1, 0xf3, 0xf4, 0xf5, 0xff,
+        ];
+        for &a in &edges {
+            for &b in &edges {
+                for &c in &edges {
+                    let three = [a, b, c];
+                    assert_eq!(valid_utf8_prefix(&three), std_valid_prefix(&three));
+                    for &d in &edges {
+                        let four = [a, b, c, d, 0x41];
+                        assert_eq!(
+                            valid_utf8_prefix(&four),
+                            std_valid_prefix(&four),
+                            "{four:x?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn identities_from_bytes_keep_the_valid_prefix_and_cut_on_characters() {
+        let text = "h\u{e9}llo \u{1f600}";
+        assert_eq!(Identity::lossy_utf8(text.as_bytes()), Identity::lossy(text));
+        assert_eq!(Identity::lossy_utf8(b"ok\xffno").as_str(), "ok");
+        assert_eq!(Identity::lossy_utf8(b"\xe2\x82").as_str(), "");
+        assert_eq!(Identity::lossy_utf8(b"a\x01b").as_str(), "a?b");
+        // 63 ASCII bytes then a 4-byte character: cut before it, as `lossy` does.
+        let long = std::format!("{}\u{1f600}", "a".repeat(63));
+        assert_eq!(Identity::lossy_utf8(long.as_bytes()).as_str(), &long[..63]);
+        assert_eq!(Identity::lossy(&long).as_bytes(), &long.as_bytes()[..63]);
     }
 
     #[test]

@@ -75,10 +75,17 @@ impl ServerError {
 
     /// The error code Redis sent: `WRONGTYPE`, `NOAUTH`, `LOADING`…
     pub fn code(&self) -> &str {
-        let bytes = self.code.get(..usize::from(self.len)).unwrap_or(&[]);
-        // ASCII by construction (see `from_line`): one valid chunk. `utf8_chunks` is
-        // the validation the core links already, smaller than `str::from_utf8`.
-        bytes.utf8_chunks().next().map_or("", |chunk| chunk.valid())
+        // ASCII by construction (see `from_line`): one valid chunk. (The lease's own
+        // path compares `code_bytes` and links no UTF-8 check.)
+        self.code_bytes()
+            .utf8_chunks()
+            .next()
+            .map_or("", |chunk| chunk.valid())
+    }
+
+    /// The code's bytes.
+    pub(crate) fn code_bytes(&self) -> &[u8] {
+        self.code.get(..usize::from(self.len)).unwrap_or(&[])
     }
 
     /// The final refusal this code is, if it is one (the same sorting as
@@ -93,7 +100,7 @@ impl ServerError {
             ("LEASEHOLD_EXHAUSTED", Refusal::Unsupported),
         ];
         // Compared with `resp::same`, not `match` on `&str` (which links `memcmp`).
-        let code = self.code().as_bytes();
+        let code = self.code_bytes();
         FINAL
             .iter()
             .find(|(name, _)| crate::resp::same(code, name.as_bytes()))

@@ -176,7 +176,7 @@ impl Exchange {
             (Step::Request, Reply::Error(line))
                 if !self.reloaded
                     && script.is_some()
-                    && resp::same(ServerError::from_line(line).code().as_bytes(), b"NOSCRIPT") =>
+                    && resp::same(ServerError::from_line(line).code_bytes(), b"NOSCRIPT") =>
             {
                 // Redis forgot the script (a restart, SCRIPT FLUSH, a failover): load
                 // it and ask again, once.

@@ -64,7 +64,7 @@ fn holder(mut items: Items<'_>) -> Result<Holder, Error> {
         _ => return Err(UNEXPECTED),
     };
     Ok(Holder {
-        identity: Identity::lossy(utf8_prefix(identity)),
+        identity: Identity::lossy_utf8(identity),
         fence,
         remaining,
     })
@@ -76,13 +76,6 @@ fn fence(item: Option<Scalar<'_>>) -> Result<Fence, Error> {
         Some(Scalar::Bulk(Some(digits))) => fence_digits(digits).map(Fence).ok_or(UNEXPECTED),
         _ => Err(UNEXPECTED),
     }
-}
-
-/// The longest valid UTF-8 prefix of `bytes` (an identity is read back lossily): the
-/// first chunk's valid part. `utf8_chunks` is the validation the core links already,
-/// smaller than `str::from_utf8`.
-fn utf8_prefix(bytes: &[u8]) -> &str {
-    bytes.utf8_chunks().next().map_or("", |chunk| chunk.valid())
 }
 
 #[cfg(test)]
@@ -152,7 +145,17 @@ mod tests {
 
     #[test]
     fn identities_read_back_lossily() {
-        assert_eq!(utf8_prefix(b"ok\xffno"), "ok");
-        assert_eq!(utf8_prefix("h\u{e9}".as_bytes()), "h\u{e9}");
+        let held = |identity: &[u8]| {
+            let mut reply =
+                std::format!("*4\r\n:0\r\n$1\r\n3\r\n${}\r\n", identity.len()).into_bytes();
+            reply.extend_from_slice(identity);
+            reply.extend_from_slice(b"\r\n:10\r\n");
+            match acquire(parse(&reply).unwrap().0) {
+                Ok(Acquired::HeldByAnother(holder)) => holder.identity,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(held(b"ok\xffno").as_str(), "ok");
+        assert_eq!(held("h\u{e9}".as_bytes()).as_str(), "h\u{e9}");
     }
 }

@@ -90,7 +90,7 @@ pub(crate) enum Request<'r> {
         key: &'r str,
         token: &'r EncodedToken,
         ms: u64,
-        identity: &'r str,
+        identity: &'r [u8],
         script: Script,
     },
     Renew {
@@ -181,7 +181,7 @@ impl<'r> Request<'r> {
             }
             (Request::Acquire { token, .. }, 5) => out.put(token.as_bytes()),
             (Request::Acquire { ms, .. } | Request::Renew { ms, .. }, 6 | 5) => out.number(ms),
-            (Request::Acquire { identity, .. }, _) => out.put(identity.as_bytes()),
+            (Request::Acquire { identity, .. }, _) => out.put(identity),
             // `<token>\n<fence>\n`: the start of the value of this very grant.
             (Request::Renew { token, fence, .. }, _) => {
                 out.put(token.as_bytes());
@@ -372,7 +372,7 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
                 key,
                 token,
                 ms,
-                identity: identity.as_str(),
+                identity: identity.as_bytes(),
                 script,
             },
             Op::Renew { fence, .. } => Request::Renew {
@@ -638,7 +638,7 @@ mod tests {
                 key: "k",
                 token: &token,
                 ms: 300,
-                identity: "dev",
+                identity: b"dev",
                 script: scripts::ACQUIRE_PAIR,
             }),
             std::format!(

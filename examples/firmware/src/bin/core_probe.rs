@@ -219,6 +219,7 @@ mod probe {
                     let _ = black_box(check_key(text()));
                     let _ = black_box(Identity::new(text()));
                     black_box(Identity::lossy(text()).as_str());
+                    black_box(Identity::lossy_utf8(text().as_bytes()).as_bytes());
                     let budget = Budget {
                         work_p99: duration(),
                         renew_rtt_p99: duration(),
