@@ -64,8 +64,8 @@ pub enum Command {
     Run(RunArgs),
     /// Who holds KEY: identity, fence, remaining TTL.
     Status(StatusArgs),
-    /// Raise KEY's fence counter to at least N (Redis only): the recovery step after a
-    /// Redis without persistence restarted and would repeat fences.
+    /// Raise KEY's fence counter to at least N: the recovery step when storage holds
+    /// fences above what the lock service would grant next.
     RaiseFence(RaiseFenceArgs),
 }
 

@@ -14,9 +14,9 @@ use leasehold_redis::RedisLockService;
 
 /// A connected lock service.
 pub enum Service {
-    /// Redis (fences from a counter; `raise-fence` works).
+    /// Redis.
     Redis(Arc<RedisLockService>),
-    /// etcd (fences are revisions).
+    /// etcd.
     Etcd(Arc<EtcdLockService>),
 }
 

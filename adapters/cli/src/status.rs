@@ -3,7 +3,6 @@
 use leasehold::{Fence, HolderOutcome};
 use leasehold_tokio::LockService;
 
-use crate::exit;
 use crate::run::fail;
 use crate::service::Service;
 
@@ -51,26 +50,27 @@ pub async fn status<S: LockService>(service: &S, key: &str, json: bool) -> u8 {
     }
 }
 
-/// Raises the fence counter of `key` (Redis only).
+/// Raises the fence counter of `key`.
 pub async fn raise_fence(service: &Service, key: &str, fence: u64) -> u8 {
-    match service {
-        Service::Redis(redis) => match redis.raise_fence(key, Fence(fence)).await {
-            Ok(now) => {
-                println!(
-                    "the fence counter of {key:?} is {}: the next grant gets a larger fence",
-                    now.0
-                );
-                0
-            }
-            Err(e) => fail(&e.to_string()),
-        },
-        Service::Etcd(_) => {
-            eprintln!(
-                "leasehold: raise-fence is for Redis only: etcd's fences are its revisions, \
-                 which never repeat, so there is nothing to raise"
+    let raised = match service {
+        Service::Redis(redis) => redis
+            .raise_fence(key, Fence(fence))
+            .await
+            .map_err(|e| e.to_string()),
+        Service::Etcd(etcd) => etcd
+            .raise_fence(key, Fence(fence))
+            .await
+            .map_err(|e| e.to_string()),
+    };
+    match raised {
+        Ok(now) => {
+            println!(
+                "the fence counter of {key:?} is {}: the next grant gets a larger fence",
+                now.0
             );
-            exit::FAILURE
+            0
         }
+        Err(e) => fail(&e),
     }
 }
 

@@ -21,7 +21,7 @@ pub enum Op {
     Read,
     /// `LeaseGrant` for an acquire.
     Grant,
-    /// The acquire transaction (`create_revision == 0` → put).
+    /// The acquire transaction (`create_revision == 0` and the counter unmoved → put).
     Acquire,
     /// `LeaseKeepAlive` (a renewal, or the re-grant of an acquire whose answer was lost).
     KeepAlive,
@@ -37,6 +37,9 @@ pub enum Op {
     Holder,
     /// The revocation watch (its initial read, or the watch stream).
     Watch,
+    /// [`raise_fence`](crate::EtcdLockService::raise_fence): a read of the fence
+    /// counter, then a compare-and-put.
+    RaiseFence,
 }
 
 impl fmt::Display for Op {
@@ -53,6 +56,7 @@ impl fmt::Display for Op {
             Op::Revoke => "lease revoke",
             Op::Holder => "holder query",
             Op::Watch => "revocation watch",
+            Op::RaiseFence => "raise fence",
         })
     }
 }
@@ -79,7 +83,7 @@ pub enum ErrorKind {
     /// The key breaks the key rules ([`leasehold::check_key`]); nothing was sent.
     /// Final: [`Refusal::InvalidKey`].
     InvalidKey,
-    /// The key holds a value this crate did not write (not `<token>\n<identity>` on a
+    /// The key holds a value this crate did not write (not `<token>\n<fence>\n<identity>` on a
     /// lease). Final: [`Refusal::WrongType`].
     WrongType,
     /// etcd cannot carry the request out as asked (a TTL above its maximum); nothing

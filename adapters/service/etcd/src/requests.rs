@@ -13,7 +13,7 @@ use crate::value::{self, Stored};
 
 /// A key as this crate reads it: a grant of ours (any token), or not.
 enum Found<'a> {
-    /// `<token>\n<identity>` on a lease, with a positive create revision.
+    /// `<token>\n<fence>\n<identity>` on a lease, with a positive create revision.
     Grant(Stored<'a>, Held),
     /// Anything else: not a lease this crate wrote.
     Foreign,
@@ -26,6 +26,7 @@ fn found(kv: &PbKeyValue) -> Found<'_> {
             Held {
                 lease: kv.lease,
                 revision: kv.create_revision,
+                fence: stored.fence(),
             },
         ),
         _ => Found::Foreign,
@@ -36,19 +37,26 @@ impl EtcdLockService {
     /// Acquires `key` for `token`, presenting `identity`, for `ttl` (rounded up to
     /// whole seconds).
     ///
-    /// 1. Read the key. If it exists, no lease is granted: a grant to `token` (an
-    ///    earlier attempt succeeded but its answer was lost) → keep *its* lease alive,
-    ///    check it, and answer its fence again; a grant to another token →
-    ///    [`Acquired::HeldByAnother`] with its identity, fence and remaining TTL;
-    ///    anything else → an [`ErrorKind::WrongType`] error. A contender waiting for a
-    ///    held key costs etcd two reads per attempt (the key, its lease's TTL), no
-    ///    writes.
+    /// 1. Read the key and its fence counter (one transaction). If the key exists, no
+    ///    lease is granted: a grant to `token` (an earlier attempt succeeded but its
+    ///    answer was lost) → keep *its* lease alive, check it, and answer its fence
+    ///    again; a grant to another token → [`Acquired::HeldByAnother`] with its
+    ///    identity, fence and remaining TTL; anything else → an
+    ///    [`ErrorKind::WrongType`] error (so is a counter that is not a decimal). A
+    ///    contender waiting for a held key costs etcd two reads per attempt (the key
+    ///    and counter, its lease's TTL), no writes.
     /// 2. Otherwise `LeaseGrant` with the TTL; etcd answers the TTL it applied.
-    /// 3. One transaction: if `create_revision(key) == 0`, put
-    ///    `key = <token>\n<identity>` attached to the new lease →
-    ///    [`Acquired::Granted`] with the key's `create_revision` as the fence;
-    ///    otherwise (created since the read) answer as in 1 from the transaction's
-    ///    read, revoking the new lease in the background.
+    /// 3. The fence: the larger of the counter + 1 and this client's wall clock in µs
+    ///    since the Unix epoch. The clock is the floor for an etcd that lost its data
+    ///    or was restored from an older backup (its revisions and the counter start
+    ///    again lower); the counter keeps fences increasing whatever the clocks do.
+    /// 4. One transaction: if `create_revision(key) == 0` and the counter is as read
+    ///    (`mod_revision`), put `key = <token>\n<fence>\n<identity>` attached to the new
+    ///    lease and the counter = fence → [`Acquired::Granted`]; otherwise, if the key
+    ///    was created since the read, answer as in 1 from the transaction's read, and
+    ///    if only the counter moved (a grant came and went in between), a
+    ///    [`ErrorKind::Service`] error the lease retries; the new lease is revoked in
+    ///    the background either way.
     ///
     /// The granted TTL counts from after the request was sent (the lease is granted, or
     /// kept alive, after it), so a deadline the caller computes from its send time is
@@ -70,9 +78,22 @@ impl EtcdLockService {
                 ))
         })?;
 
-        let current = self.get(Op::Read, key).await?.0;
-        if let Some(kv) = current.kvs.first() {
+        let counter_key = value::fence_key(key);
+        let read = Txn::new().and_then([
+            TxnOp::get(key, None),
+            TxnOp::get(counter_key.as_str(), None),
+        ]);
+        let read = self.txn(Op::Read, key, read).await?.0;
+        if let Some(kv) = self.range_kv(Op::Read, key, &read, 0)? {
             return self.already_held(Op::Read, key, token, kv).await;
+        }
+        let (counter, counter_revision) =
+            self.counter(Op::Read, key, self.range_kv(Op::Read, key, &read, 1)?)?;
+        let fence = (counter + 1).max(wall_clock_micros());
+        if fence > MAX_FENCE {
+            return Err(self
+                .error(Op::Read, ErrorKind::Unsupported, key)
+                .because("its fence counter is at 2^63 - 1, the largest fence"));
         }
 
         let grant = self
@@ -91,15 +112,19 @@ impl EtcdLockService {
             return Err(self.protocol(Op::Grant, key, "lease id 0"));
         }
 
-        let stored = value::encode(token, identity);
+        let stored = value::encode(token, fence, identity);
         let txn = Txn::new()
-            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .when([
+                Compare::create_revision(key, CompareOp::Equal, 0),
+                Compare::mod_revision(counter_key.as_str(), CompareOp::Equal, counter_revision),
+            ])
             .and_then([
                 TxnOp::put(
                     key,
                     stored.clone(),
                     Some(PutOptions::new().with_lease(lease)),
                 ),
+                TxnOp::put(counter_key.as_str(), fence.to_string(), None),
                 TxnOp::get(key, None),
             ])
             .or_else([TxnOp::get(key, None)]);
@@ -107,22 +132,19 @@ impl EtcdLockService {
         // to find (and re-grant) it. Unused, it expires by itself after its TTL.
         let answer = self.txn(Op::Acquire, key, txn).await?.0;
         if !answer.succeeded {
-            // Created since the read.
             self.revoke_in_background(key, lease, "unused grant");
             let Some(kv) = self.range_kv(Op::Acquire, key, &answer, 0)? else {
-                // Deleted between the compare and the read cannot happen inside one
-                // transaction; the reply is inconsistent.
-                return Err(self.protocol(
-                    Op::Acquire,
-                    key,
-                    "create_revision != 0 but no key in the same transaction",
+                // The key is still free: only the counter moved since the read.
+                return Err(self.error(Op::Acquire, ErrorKind::Service, key).because(
+                    "its fence counter moved during the acquire (a grant came and went); try again",
                 ));
             };
+            // Created since the read.
             return self.already_held(Op::Acquire, key, token, kv).await;
         }
 
         let kv = self
-            .range_kv(Op::Acquire, key, &answer, 1)?
+            .range_kv(Op::Acquire, key, &answer, 2)?
             .ok_or_else(|| {
                 self.protocol(Op::Acquire, key, "the key is missing right after its put")
             })?;
@@ -139,12 +161,13 @@ impl EtcdLockService {
         let held = Held {
             lease,
             revision: kv.create_revision,
+            fence,
         };
         if let Some(old) = self.remember(key, token, held) {
             self.revoke_in_background(key, old.lease, "superseded grant");
         }
         Ok(Acquired::Granted {
-            fence: fence_of(held.revision),
+            fence: Fence(held.fence),
             ttl: granted,
             lease,
             regranted: false,
@@ -176,7 +199,7 @@ impl EtcdLockService {
         // now, so the TTL answered counts from after the send.
         match self.extend(key, token, held).await? {
             Renewed::Extended { ttl } => Ok(Acquired::Granted {
-                fence: fence_of(held.revision),
+                fence: Fence(held.fence),
                 ttl,
                 lease: held.lease,
                 regranted: true,
@@ -206,7 +229,7 @@ impl EtcdLockService {
         };
         Holder {
             identity,
-            fence: fence_of(held.revision),
+            fence: Fence(held.fence),
             remaining,
         }
     }
@@ -225,6 +248,75 @@ impl EtcdLockService {
                 Ok(Some(self.holder_of(key, stored.identity(), held).await))
             }
             Found::Foreign => Err(self.wrong_type(Op::Holder, key, kv)),
+        }
+    }
+
+    /// Raises the fence counter of `key` to at least `at_least` and returns it.
+    ///
+    /// For recovery when storage has admitted fences above what this etcd would grant
+    /// next (fences from another lock service, or a clock that went back across a
+    /// loss of etcd's data): seed the counter from the newest fence storage admitted,
+    /// so that the *next* grant's fence is newer than it. Never lowers the counter,
+    /// and leaves the key alone: a grant that is held keeps its fence and renews. At
+    /// most 2^63 − 2, so that one more grant fits below the largest fence.
+    pub async fn raise_fence(&self, key: &str, at_least: Fence) -> Result<Fence, EtcdLockError> {
+        self.check_key(Op::RaiseFence, key)?;
+        if at_least.0 >= MAX_FENCE {
+            return Err(self
+                .error(Op::RaiseFence, ErrorKind::Unsupported, key)
+                .because(
+                    "fences stop at 2^63 - 1: the counter can be raised to 2^63 - 2 at most",
+                ));
+        }
+        let counter_key = value::fence_key(key);
+        for _ in 0..3 {
+            let read = self.get(Op::RaiseFence, &counter_key).await?.0;
+            let (counter, revision) = self.counter(Op::RaiseFence, key, read.kvs.first())?;
+            if counter >= at_least.0 {
+                return Ok(Fence(counter));
+            }
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    counter_key.as_str(),
+                    CompareOp::Equal,
+                    revision,
+                )])
+                .and_then([TxnOp::put(
+                    counter_key.as_str(),
+                    at_least.0.to_string(),
+                    None,
+                )]);
+            if self.txn(Op::RaiseFence, key, txn).await?.0.succeeded {
+                return Ok(at_least);
+            }
+        }
+        Err(self
+            .error(Op::RaiseFence, ErrorKind::Service, key)
+            .because("the fence counter changed under each of 3 attempts"))
+    }
+
+    /// The fence counter read as `kv` (none: 0) and its `mod_revision` (none: 0); a
+    /// counter that is not a decimal fence, or has a lease, is a
+    /// [`ErrorKind::WrongType`] error.
+    fn counter(
+        &self,
+        op: Op,
+        key: &str,
+        kv: Option<&PbKeyValue>,
+    ) -> Result<(u64, i64), EtcdLockError> {
+        match kv {
+            None => Ok((0, 0)),
+            Some(kv) => match value::decimal(&kv.value) {
+                Some(counter) if kv.lease == 0 && counter <= MAX_FENCE => {
+                    Ok((counter, kv.mod_revision))
+                }
+                _ => Err(self
+                    .error(op, ErrorKind::WrongType, key)
+                    .because(format_args!(
+                        "its fence counter `{}` is not a decimal fence",
+                        value::fence_key(key)
+                    ))),
+            },
         }
     }
 
@@ -254,9 +346,8 @@ impl EtcdLockService {
         fence: Fence,
     ) -> Result<Renewed, EtcdLockError> {
         self.check_key(Op::KeepAlive, key)?;
-        let revision = i64::try_from(fence.0).ok();
         let held = match self.lookup(key, token) {
-            Some(held) if Some(held.revision) == revision => held,
+            Some(held) if held.fence == fence.0 => held,
             // Not known here, or known with another fence (another instance sharing
             // nothing with this one may have made a newer grant): ask etcd.
             _ => match self.discover(key, token).await? {
@@ -267,7 +358,7 @@ impl EtcdLockService {
         // The key was deleted and created again for this same token (a late duplicate
         // acquire): a newer grant, which the client holding `fence` cannot write with.
         // Never keep it alive on that client's behalf.
-        if Some(held.revision) != revision {
+        if held.fence != fence.0 {
             return Ok(Renewed::NotOwner(NotHeld::NewerGrant));
         }
         self.extend(key, token, held).await
@@ -461,7 +552,7 @@ impl EtcdLockService {
             .because("the key changed under each of 3 compare-and-delete attempts"))
     }
 
-    /// Watches `token`'s grant of `key` (with `fence`, the key's create revision) until
+    /// Watches `token`'s grant of `key` (with `fence`) until
     /// etcd shows it gone: the key deleted (released, expired with its lease, revoked,
     /// deleted from outside), or written by anyone else.
     ///
@@ -477,10 +568,16 @@ impl EtcdLockService {
     ) -> Result<Revoked, EtcdLockError> {
         self.check_key(Op::Watch, key)?;
         let value = token.encode();
-        let revision = i64::try_from(fence.0).unwrap_or(i64::MAX);
-        let ours = |kv: &PbKeyValue| {
-            kv.create_revision == revision
-                && Stored::parse(&kv.value).is_some_and(|stored| stored.is(&value))
+        // The grant's creation of the key, if this service made or adopted it: a key
+        // deleted and put again with the same bytes is another creation.
+        let known = self
+            .lookup(key, token)
+            .filter(|held| held.fence == fence.0)
+            .map(|held| held.revision);
+        let grant = |kv: &PbKeyValue| {
+            Stored::parse(&kv.value)
+                .is_some_and(|stored| stored.is(&value) && stored.fence() == fence.0)
+                && known.is_none_or(|revision| kv.create_revision == revision)
         };
 
         let read = self.get(Op::Watch, key).await?.0;
@@ -488,21 +585,23 @@ impl EtcdLockService {
         if read_at <= 0 {
             return Err(self.protocol(Op::Watch, key, "a read without a revision"));
         }
-        match read.kvs.first() {
+        let created = match read.kvs.first() {
             None => {
                 return Ok(Revoked {
                     why: NotHeld::KeyGone,
                     revision: read_at,
                 })
             }
-            Some(kv) if !ours(kv) => {
+            Some(kv) if !grant(kv) => {
                 return Ok(Revoked {
                     why: NotHeld::KeyTaken,
                     revision: read_at,
                 })
             }
-            Some(_) => {}
-        }
+            Some(kv) => kv.create_revision,
+        };
+        // From here on, still the grant only on the creation just read.
+        let ours = |kv: &PbKeyValue| kv.create_revision == created && grant(kv);
 
         let options = etcd_client::WatchOptions::new().with_start_revision(read_at + 1);
         // Creating the stream is bounded; the stream itself lives as long as the grant.
@@ -592,6 +691,16 @@ impl EtcdLockService {
     }
 }
 
-fn fence_of(revision: i64) -> Fence {
-    Fence(u64::try_from(revision).unwrap_or(0))
+/// The largest fence: 2^63 − 1, where Redis's counter and SQL's `BIGINT` columns (see
+/// `leasehold-storage`) stop too.
+const MAX_FENCE: u64 = i64::MAX.unsigned_abs();
+
+/// The wall clock in µs since the Unix epoch (0 if it reads before it): a fence's
+/// floor, so an etcd that lost its counter still grants fences above the old ones.
+fn wall_clock_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
+        })
 }

@@ -49,8 +49,11 @@ pub(crate) struct Shared {
 pub(crate) struct Held {
     /// The etcd lease the key is attached to.
     pub(crate) lease: i64,
-    /// The key's `create_revision`: the fence.
+    /// The key's `create_revision`: which creation of the key the grant is (a key
+    /// deleted and put again, even with the same bytes, has another).
     pub(crate) revision: i64,
+    /// The grant's fence, stored in the key's value (see `value.rs`).
+    pub(crate) fence: u64,
 }
 
 impl std::fmt::Debug for EtcdLockService {
@@ -70,8 +73,9 @@ impl std::fmt::Debug for EtcdLockService {
 pub enum Acquired {
     /// The key is ours.
     Granted {
-        /// The key's `create_revision`: greater than every fence granted before for
-        /// this key (etcd revisions only grow, cluster-wide).
+        /// Greater than every fence granted before for this key: the larger of the
+        /// key's fence counter + 1 and the client's wall clock in µs since the Unix
+        /// epoch (see the crate's README).
         fence: Fence,
         /// The TTL etcd applied: the requested one rounded up to whole seconds, or
         /// etcd's minimum lease TTL if that is longer.

@@ -106,8 +106,12 @@ async fn a_tokio_lease_renews_and_releases() {
     assert_eq!(lease.check(), Ok(lease.granted_fence()));
     assert_eq!(
         value(&mut outside, "orders").await,
-        Some(format!("{}\nrenewer", lease.token().encode().as_str())),
-        "the value is `<token>\\n<identity>`"
+        Some(format!(
+            "{}\n{}\nrenewer",
+            lease.token().encode().as_str(),
+            lease.granted_fence().0
+        )),
+        "the value is `<token>\\n<fence>\\n<identity>`"
     );
     assert_eq!(within(2_000, lease.release()).await, LeaseEnd::Released);
     assert_eq!(value(&mut outside, "orders").await, None);
@@ -446,4 +450,72 @@ async fn a_stalled_network_closes_the_gate_before_etcd_expires_the_key() {
     assert!(storage.write(a_fence).is_err(), "A's late write is refused");
     storage.assert_no_stale_admitted();
     proxy.resume();
+}
+
+/// Copies the directory tree `from` to `to` (a member's data dir, etcd stopped).
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// A holds and writes; then etcd's revisions go back: its data is lost (a member on
+/// tmpfs, a rebuilt volume) or restored from a backup taken before A's grant (without
+/// `--bump-revision`). B is granted on that etcd. B's fence must still be above A's,
+/// so storage refuses A's late write (a fence from the key's create revision was the
+/// same for both: etcd reissues revisions after such a loss).
+async fn fences_survive(lose: impl FnOnce(&mut EtcdCluster, &std::path::Path)) {
+    let mut cluster = EtcdCluster::single();
+    let data = cluster.dir().join("m0");
+    let backup = cluster.dir().join("backup");
+    tokio::task::block_in_place(|| {
+        cluster.stop(0);
+        copy_dir(&data, &backup);
+        cluster.start_member(0);
+        cluster.wait_healthy(0);
+    });
+    let storage = Storage::default();
+    let a = within(
+        5_000,
+        acquire(Arc::new(service(&cluster).await), "orders", config(3_000)),
+    )
+    .await
+    .unwrap();
+    let a_fence = a.check().unwrap();
+    storage.write(a_fence).unwrap();
+
+    tokio::task::block_in_place(|| {
+        cluster.kill(0);
+        std::fs::remove_dir_all(&data).unwrap();
+        lose(&mut cluster, &backup);
+        cluster.start_member(0);
+        cluster.wait_healthy(0);
+    });
+    let b = within(
+        8_000,
+        acquire(Arc::new(service(&cluster).await), "orders", config(3_000)),
+    )
+    .await
+    .unwrap();
+    let b_fence = b.check().unwrap();
+    storage.write(b_fence).unwrap();
+    assert!(b_fence > a_fence, "A {a_fence:?}, then B {b_fence:?}");
+    assert!(storage.write(a_fence).is_err(), "A's late write refused");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_that_lost_its_data_still_hands_out_a_newer_fence() {
+    fences_survive(|_, _| {}).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_restored_from_an_older_backup_still_hands_out_a_newer_fence() {
+    fences_survive(|cluster, backup| copy_dir(backup, &cluster.dir().join("m0"))).await;
 }

@@ -36,9 +36,17 @@ async fn granted(
     }
 }
 
-/// What this crate stores for `token` presenting `identity`.
-fn stored(token: OwnerToken, identity: &str) -> String {
-    format!("{}\n{identity}", token.encode().as_str())
+/// What this crate stores for `token` granted `fence`, presenting `identity`.
+fn stored(token: OwnerToken, fence: Fence, identity: &str) -> String {
+    format!("{}\n{}\n{identity}", token.encode().as_str(), fence.0)
+}
+
+/// The wall clock in µs since the Unix epoch.
+fn wall_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -52,6 +60,7 @@ async fn acquire_renew_release_and_fences_increase() {
     let mut fences = Vec::new();
     for term in 1..=3 {
         let token = owner.token(Term(term));
+        let before = wall_micros();
         let outcome = LockService::acquire(&service, "orders", token, &me, ms(2_000)).await;
         let AcquireOutcome::Granted { fence, ttl } = outcome else {
             panic!("term {term}: {outcome:?}");
@@ -59,17 +68,22 @@ async fn acquire_renew_release_and_fences_increase() {
         assert_eq!(ttl, ms(2_000), "etcd granted the 2 s asked for");
         assert_eq!(
             value(&mut outside, "orders").await,
-            Some(stored(token, "host-7:4711")),
-            "the value is `<token>\\n<identity>`"
+            Some(stored(token, fence, "host-7:4711")),
+            "the value is `<token>\\n<fence>\\n<identity>`"
         );
         let lease = service
             .lease_id("orders", token)
             .expect("the service tracks the lease");
         let kv = outside.get("orders", None).await.unwrap().kvs()[0].clone();
+        assert_eq!(kv.lease(), lease);
         assert_eq!(
-            (kv.lease(), kv.create_revision()),
-            (lease, fence.0 as i64),
-            "fence = create_revision"
+            value(&mut outside, "orders{fence}").await,
+            Some(fence.0.to_string()),
+            "the counter holds the last grant's fence"
+        );
+        assert!(
+            fence.0 >= before && fence.0 <= wall_micros(),
+            "the fence is at least the wall clock in µs at the grant: {fence:?}"
         );
 
         assert_eq!(
@@ -232,7 +246,7 @@ async fn held_by_another_carries_the_holder_and_grants_no_lease() {
     // A is untouched and renews.
     assert_eq!(
         value(&mut outside, "k").await,
-        Some(stored(a, "worker-a pid 12"))
+        Some(stored(a, fence, "worker-a pid 12"))
     );
     assert!(matches!(
         service.try_renew("k", a, fence).await,
@@ -550,7 +564,7 @@ async fn renew_is_not_owner_after_the_key_is_deleted_from_outside() {
     outside
         .put(
             "k2",
-            stored(a, "test"),
+            stored(a, fence, "test"),
             Some(etcd_client::PutOptions::new().with_lease(foreign)),
         )
         .await
@@ -575,7 +589,7 @@ async fn a_key_holding_a_foreign_value_is_wrong_type() {
     let foreign = [
         ("garbage", "\u{0}\u{ff}not a token".to_owned()),
         ("bare", a.encode().as_str().to_owned()),
-        ("no-lease", stored(a, "a")),
+        ("no-lease", stored(a, Fence(1), "a")),
     ];
     for (key, written) in &foreign {
         outside.put(*key, written.as_str(), None).await.unwrap();
@@ -1304,4 +1318,96 @@ async fn concurrent_renewals_share_their_ownership_reads() {
     let reads = kv_calls(&cluster, "Txn") - txns;
     assert!((1..=10).contains(&reads), "{reads} transactions");
     eprintln!("10 concurrent renewals: {reads} transactions");
+}
+
+/// The fence counter `<key>{fence}` decides a grant's fence while it is ahead of the
+/// wall clock; one that is not a decimal, or at the top of `u64`, refuses the acquire
+/// and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fence_counter_decides_while_ahead_and_is_checked() {
+    let cluster = EtcdCluster::single();
+    let service = service(&cluster).await;
+    let mut outside = client(&cluster).await;
+    let (a, id) = (token(), identity("a"));
+
+    let ahead = wall_micros() + 3_600_000_000;
+    outside
+        .put("k{fence}", ahead.to_string(), None)
+        .await
+        .unwrap();
+    let outcome = LockService::acquire(&service, "k", a, &id, ms(2_000)).await;
+    assert!(
+        matches!(outcome, AcquireOutcome::Granted { fence, .. } if fence == Fence(ahead + 1)),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        value(&mut outside, "k{fence}").await,
+        Some((ahead + 1).to_string())
+    );
+
+    for (counter, refusal) in [
+        ("x", Refusal::WrongType),
+        ("007", Refusal::WrongType),
+        ("18446744073709551615", Refusal::WrongType),
+        ("9223372036854775807", Refusal::Unsupported),
+    ] {
+        outside.put("k2{fence}", counter, None).await.unwrap();
+        assert_eq!(
+            LockService::acquire(&service, "k2", a, &id, ms(2_000)).await,
+            AcquireOutcome::Refused(refusal),
+            "{counter}"
+        );
+        assert_eq!(value(&mut outside, "k2").await, None, "{counter}");
+        assert_eq!(
+            value(&mut outside, "k2{fence}").await.as_deref(),
+            Some(counter)
+        );
+    }
+    assert_eq!(leases(&mut outside).await.len(), 1, "only k's lease");
+}
+
+/// `raise_fence` raises the counter (never lowers it), so the next grant's fence is
+/// above the fence given; a held grant keeps its fence and renews.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raise_fence_moves_the_next_fence_and_never_lowers_it() {
+    let cluster = EtcdCluster::single();
+    let service = service(&cluster).await;
+    let mut outside = client(&cluster).await;
+    let (a, b, id) = (token(), token(), identity("a"));
+
+    let (held, ttl, _) = granted(&service, "k", a, ms(2_000)).await;
+    let high = Fence(wall_micros() + 36_000_000_000);
+    assert_eq!(service.raise_fence("k", high).await.unwrap(), high);
+    assert_eq!(
+        service.raise_fence("k", Fence(5)).await.unwrap(),
+        high,
+        "never lowered"
+    );
+    assert_eq!(
+        value(&mut outside, "k{fence}").await,
+        Some(high.0.to_string())
+    );
+    assert_eq!(
+        LockService::renew(&service, "k", a, held, ttl).await,
+        RenewOutcome::Renewed { ttl },
+        "the held grant keeps its fence"
+    );
+    assert_eq!(
+        LockService::release(&service, "k", a).await,
+        ReleaseOutcome::Released
+    );
+    let outcome = LockService::acquire(&service, "k", b, &id, ms(2_000)).await;
+    assert!(
+        matches!(outcome, AcquireOutcome::Granted { fence, .. } if fence == Fence(high.0 + 1)),
+        "{outcome:?}"
+    );
+
+    let top = Fence(i64::MAX as u64);
+    let err = service.raise_fence("k", top).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    outside.put("g{fence}", "x", None).await.unwrap();
+    let err = service.raise_fence("g", Fence(7)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::WrongType, "{err}");
+    let err = service.raise_fence("a{b}", Fence(7)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidKey, "{err}");
 }
