@@ -9,7 +9,7 @@ use leasehold::Fence;
 /// (SQLite) are signed 64-bit, so 2^63 − 1.
 ///
 /// Every leasehold lock service stays below it: Redis's `INCR` stops at 2^63 − 1 and
-/// etcd's revisions are signed 64-bit.
+/// the etcd service refuses to grant past it.
 pub const MAX_SQL_FENCE: Fence = Fence(i64::MAX.unsigned_abs());
 
 /// A fence above [`MAX_SQL_FENCE`]: refused before anything is sent, never rounded
