@@ -165,12 +165,16 @@ impl LeaseHandle {
         self.shared.config()
     }
 
-    /// Where the lease is now.
+    /// Where the lease is, as of the driver's last step: for display and metrics,
+    /// never to decide a write. After a pause the driver has not run since (a
+    /// stopped process, a starved runtime), this still says `Holding` with a
+    /// deadline in the past; [`check`](Self::check) reads the clock and refuses.
     pub fn state(&self) -> LeaseState {
         self.shared.state()
     }
 
-    /// The safe deadline while held, on the lease's clock.
+    /// The safe deadline while held, on the lease's clock (as of the driver's last
+    /// step, like [`state`](Self::state): it may already be past).
     pub fn deadline(&self) -> Option<Instant> {
         self.shared.state().deadline()
     }
