@@ -7,7 +7,8 @@
 //!   keep-alive sent and its answer awaited, again and again;
 //! * **raw keep-alive + txn**: the same, each keep-alive followed by the ownership
 //!   check a careful client needs (a keep-alive alone does not notice the key deleted
-//!   from outside): a transaction comparing the key's value, create revision and lease.
+//!   from outside): a transaction comparing the key's value, version (1: never
+//!   written since its creation) and lease.
 //!
 //! ```text
 //! cargo bench -p leasehold-etcd --bench renew_rate
@@ -165,7 +166,9 @@ async fn grow(service: &EtcdLockService, token: OwnerToken, grants: &mut Vec<Gra
                     let Acquired::Granted { fence, lease, .. } = granted else {
                         panic!("acquire {key}: {granted:?}");
                     };
-                    let value = format!("{}\nbench", token.encode().as_str()).into_bytes();
+                    // The value as the service stores it (`value.rs`).
+                    let value =
+                        format!("{}\n{}\nbench", token.encode().as_str(), fence.0).into_bytes();
                     Grant {
                         key,
                         fence,
@@ -250,10 +253,11 @@ async fn raw(mut client: Client, grant: &Grant, txn: bool, end: StdInstant, coun
         .lease_keep_alive(grant.lease)
         .await
         .unwrap_or_else(|e| panic!("keep-alive stream for {}: {e}", grant.key));
-    let revision = i64::try_from(grant.fence.0).expect("a revision");
+    // Version 1: created once and never written since (what a create revision
+    // compared with the grant's would say).
     let check = Txn::new().when([
         Compare::value(grant.key.as_str(), CompareOp::Equal, grant.value.clone()),
-        Compare::create_revision(grant.key.as_str(), CompareOp::Equal, revision),
+        Compare::version(grant.key.as_str(), CompareOp::Equal, 1),
         Compare::lease(grant.key.as_str(), CompareOp::Equal, grant.lease),
     ]);
     while StdInstant::now() < end {

@@ -309,7 +309,9 @@ impl EtcdLockError {
                 "use 1 to 256 bytes without control characters or braces (leasehold::check_key)"
             }
             ErrorKind::WrongType => "use another key, or delete the value if nothing needs it",
-            ErrorKind::Unsupported => "ask for something etcd can do (a TTL up to 9e9 s)",
+            ErrorKind::Unsupported => {
+                "ask for something this service can do (a TTL up to 9e9 s, fences up to 2^63 - 1)"
+            }
             ErrorKind::Config => {
                 "give endpoints as host:port or http://host:port, and valid options"
             }

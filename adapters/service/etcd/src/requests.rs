@@ -324,7 +324,7 @@ impl EtcdLockService {
         let why = if kv.lease == 0 && Stored::parse(&kv.value).is_some() {
             "it holds a grant's value but no lease is attached (written by hand?)"
         } else {
-            "its value is not `<owner token>\\n<identity>`"
+            "its value is not `<owner token>\\n<fence>\\n<identity>`"
         };
         self.error(op, ErrorKind::WrongType, key).because(why)
     }

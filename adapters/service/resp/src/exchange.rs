@@ -70,6 +70,9 @@ pub(crate) struct Exchange {
     step: Step,
     phase: Phase,
     sent: usize,
+    /// How many bytes the last [`Next::Write`] asked to write: a count above it (a
+    /// stream breaking its contract) is taken as all of them, never as more.
+    asked: usize,
     len: usize,
     reloaded: bool,
 }
@@ -85,12 +88,14 @@ impl Exchange {
             },
             phase: Phase::Send,
             sent: 0,
+            asked: 0,
             len: 0,
             reloaded: false,
         }
     }
 
-    /// Whether Redis answered `NOSCRIPT` and the script was loaded again.
+    /// Whether Redis answered `NOSCRIPT`, so the script is being (or was) loaded
+    /// again.
     pub(crate) fn reloaded(&self) -> bool {
         self.reloaded
     }
@@ -116,7 +121,8 @@ impl Exchange {
                         _ => request.encode(&mut window),
                     }
                     if window.len() > 0 {
-                        return Ok(Next::Write(window.len()));
+                        self.asked = window.len();
+                        return Ok(Next::Write(self.asked));
                     }
                     self.phase = Phase::Flush;
                 }
@@ -152,7 +158,7 @@ impl Exchange {
     pub(crate) fn did(&mut self, n: usize) -> Result<(), Fault> {
         match self.phase {
             Phase::Send if n == 0 => return Err(Fault::Io(ErrorKind::WriteZero)),
-            Phase::Send => self.sent = self.sent.saturating_add(n),
+            Phase::Send => self.sent = self.sent.saturating_add(n.min(self.asked)),
             Phase::Flush => self.phase = Phase::Read,
             Phase::Read if n == 0 => return Err(Fault::Closed),
             Phase::Read => self.len = self.len.saturating_add(n),
@@ -278,6 +284,25 @@ mod tests {
             assert_eq!(wire, want, "write buffer of {w}");
             assert_eq!(end, Ok(b":1\r\n".to_vec()));
         }
+    }
+
+    #[test]
+    fn a_write_count_above_what_was_asked_skips_nothing() {
+        let token = leasehold::Owner([1; 16]).token(leasehold::Term(2)).encode();
+        let request = renew("k", &token);
+        let mut exchange = Exchange::new(false);
+        let (read, mut write) = ([0u8; 16], [0u8; 8]);
+        let mut wire = Vec::new();
+        while let Ok(Next::Write(n)) = exchange.next(&request, None, &read, &mut write) {
+            wire.extend_from_slice(&write[..n]);
+            // The stream claims twice what it was given.
+            exchange.did(2 * n).unwrap();
+        }
+        let mut whole = [0u8; 256];
+        let mut window = Window::new(0, &mut whole);
+        request.encode(&mut window);
+        let len = window.len();
+        assert_eq!(wire, whole[..len].to_vec());
     }
 
     #[test]

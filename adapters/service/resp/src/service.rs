@@ -448,9 +448,17 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
         };
         // `AUTH` first on a new connection, when there are credentials.
         let mut exchange = Exchange::new(fresh && self.auth.is_some());
+        let mut counted = false;
         let result = loop {
             let (read, write) = (&mut read.0, &mut write.0);
-            let did = match exchange.next(request, self.auth.as_ref(), read, write) {
+            let next = exchange.next(request, self.auth.as_ref(), read, write);
+            if exchange.reloaded() && !counted {
+                // Counted when `NOSCRIPT` comes, whether the reload then succeeds,
+                // fails or times out.
+                counted = true;
+                self.reloads.set(self.reloads.get().wrapping_add(1));
+            }
+            let did = match next {
                 Ok(Next::Write(n)) => conn.write(write.get(..n).unwrap_or(&[])).await,
                 Ok(Next::Flush) => conn.flush().await.map(|()| 0),
                 Ok(Next::Read(from)) => conn.read(read.get_mut(from..).unwrap_or(&mut [])).await,
@@ -464,9 +472,6 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
                 break Err(fault);
             }
         };
-        if exchange.reloaded() {
-            self.reloads.set(self.reloads.get().wrapping_add(1));
-        }
         result
     }
 }
