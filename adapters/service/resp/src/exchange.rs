@@ -8,6 +8,8 @@
 //! logic is plain code linked once, whatever the connection type, instead of a
 //! generic async state machine (kilobytes of flash on a microcontroller).
 
+use core::cell::Cell;
+
 use embedded_io_async::ErrorKind;
 
 use crate::error::ProtocolError;
@@ -66,7 +68,7 @@ enum Phase {
 }
 
 /// One exchange's progress.
-pub(crate) struct Exchange {
+pub(crate) struct Exchange<'c> {
     step: Step,
     phase: Phase,
     sent: usize,
@@ -75,11 +77,15 @@ pub(crate) struct Exchange {
     asked: usize,
     len: usize,
     reloaded: bool,
+    /// The service's count of reloads, raised when `NOSCRIPT` comes (whether the
+    /// reload then succeeds, fails or times out).
+    reloads: &'c Cell<u32>,
 }
 
-impl Exchange {
-    /// An exchange that starts with `AUTH` if `authenticate`, else with the request.
-    pub(crate) fn new(authenticate: bool) -> Exchange {
+impl<'c> Exchange<'c> {
+    /// An exchange that starts with `AUTH` if `authenticate`, else with the request;
+    /// it counts a reload in `reloads`.
+    pub(crate) fn new(authenticate: bool, reloads: &'c Cell<u32>) -> Exchange<'c> {
         Exchange {
             step: if authenticate {
                 Step::Auth
@@ -91,13 +97,8 @@ impl Exchange {
             asked: 0,
             len: 0,
             reloaded: false,
+            reloads,
         }
-    }
-
-    /// Whether Redis answered `NOSCRIPT`, so the script is being (or was) loaded
-    /// again.
-    pub(crate) fn reloaded(&self) -> bool {
-        self.reloaded
     }
 
     /// What to do next. `auth` is the service's credentials; `read` holds what
@@ -187,6 +188,7 @@ impl Exchange {
                 // Redis forgot the script (a restart, SCRIPT FLUSH, a failover): load
                 // it and ask again, once.
                 self.reloaded = true;
+                self.reloads.set(self.reloads.get().wrapping_add(1));
                 self.step = Step::Load;
                 self.restart();
                 return Ok(None);
@@ -223,7 +225,8 @@ mod tests {
         w: usize,
         chunk: usize,
     ) -> (Vec<u8>, Result<Vec<u8>, Fault>, bool) {
-        let mut exchange = Exchange::new(auth.is_some());
+        let reloads = Cell::new(0);
+        let mut exchange = Exchange::new(auth.is_some(), &reloads);
         let (mut read, mut write) = ([0u8; 256], std::vec![0u8; w]);
         let (mut wire, mut at, mut commands) = (Vec::new(), 0, 0);
         for _ in 0..100_000 {
@@ -248,12 +251,12 @@ mod tests {
                     n
                 }
                 Ok(Next::Done(len)) => {
-                    return (wire, Ok(read[..len].to_vec()), exchange.reloaded())
+                    return (wire, Ok(read[..len].to_vec()), (reloads.get() > 0))
                 }
-                Err(fault) => return (wire, Err(fault), exchange.reloaded()),
+                Err(fault) => return (wire, Err(fault), (reloads.get() > 0)),
             };
             if let Err(fault) = exchange.did(n) {
-                return (wire, Err(fault), exchange.reloaded());
+                return (wire, Err(fault), (reloads.get() > 0));
             }
         }
         panic!("the exchange never ended");
@@ -290,7 +293,8 @@ mod tests {
     fn a_write_count_above_what_was_asked_skips_nothing() {
         let token = leasehold::Owner([1; 16]).token(leasehold::Term(2)).encode();
         let request = renew("k", &token);
-        let mut exchange = Exchange::new(false);
+        let reloads = Cell::new(0);
+        let mut exchange = Exchange::new(false, &reloads);
         let (read, mut write) = ([0u8; 16], [0u8; 8]);
         let mut wire = Vec::new();
         while let Ok(Next::Write(n)) = exchange.next(&request, None, &read, &mut write) {

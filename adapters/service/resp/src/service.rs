@@ -447,32 +447,19 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
             }
         };
         // `AUTH` first on a new connection, when there are credentials.
-        let mut exchange = Exchange::new(fresh && self.auth.is_some());
-        let mut counted = false;
-        let result = loop {
+        let mut exchange = Exchange::new(fresh && self.auth.is_some(), &self.reloads);
+        loop {
             let (read, write) = (&mut read.0, &mut write.0);
-            let next = exchange.next(request, self.auth.as_ref(), read, write);
-            if exchange.reloaded() && !counted {
-                // Counted when `NOSCRIPT` comes, whether the reload then succeeds,
-                // fails or times out.
-                counted = true;
-                self.reloads.set(self.reloads.get().wrapping_add(1));
-            }
-            let did = match next {
+            let did = match exchange.next(request, self.auth.as_ref(), read, write) {
                 Ok(Next::Write(n)) => conn.write(write.get(..n).unwrap_or(&[])).await,
                 Ok(Next::Flush) => conn.flush().await.map(|()| 0),
                 Ok(Next::Read(from)) => conn.read(read.get_mut(from..).unwrap_or(&mut [])).await,
-                Ok(Next::Done(len)) => break Ok(len),
-                Err(fault) => break Err(fault),
+                Ok(Next::Done(len)) => return Ok(len),
+                Err(fault) => return Err(fault),
             };
-            if let Err(fault) = did
-                .map_err(|e| Fault::Io(e.kind()))
-                .and_then(|n| exchange.did(n))
-            {
-                break Err(fault);
-            }
-        };
-        result
+            did.map_err(|e| Fault::Io(e.kind()))
+                .and_then(|n| exchange.did(n))?;
+        }
     }
 }
 
