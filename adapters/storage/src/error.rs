@@ -28,6 +28,19 @@ pub enum Error {
         /// The key.
         key: String,
     },
+    /// PostgreSQL did not answer within the table's timeout
+    /// ([`FencedTable::with_timeout`](crate::postgres::FencedTable::with_timeout)).
+    /// The outcome is unknown: the statement may still run when the server answers,
+    /// and its fence guard decides it then (an older fence than the newest admitted
+    /// is refused whenever it runs). Writing again with the same fence is safe.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    Timeout {
+        /// The key (for `create`, the table's name).
+        key: String,
+        /// The bound that ran out.
+        after: std::time::Duration,
+    },
     /// PostgreSQL failed the statement (connection, permissions, no such table…).
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -51,6 +64,12 @@ impl fmt::Display for Error {
                 f,
                 "the fenced write of `{key}` was refused, but no newer fence was found: \
                  something else deletes or rewrites the row"
+            ),
+            #[cfg(feature = "postgres")]
+            Error::Timeout { key, after } => write!(
+                f,
+                "fenced table, key `{key}`: PostgreSQL did not answer within {after:?} \
+                 (the outcome is unknown; the fence guard still decides it if it runs)"
             ),
             #[cfg(feature = "postgres")]
             Error::Postgres(e) => match e.as_db_error() {

@@ -29,6 +29,14 @@
 //!
 //! Fences are `BIGINT`: exact up to [`MAX_SQL_FENCE`](crate::MAX_SQL_FENCE) (2^63 − 1);
 //! a larger fence is refused before anything is sent.
+//!
+//! Every call is bounded ([`DEFAULT_TIMEOUT`], or
+//! [`FencedTable::with_timeout`]): a server that stopped answering (paused, cut off
+//! without a reset) costs one [`Error::Timeout`], never a writer stuck for the
+//! hours TCP takes to notice.
+
+use std::future::Future;
+use std::time::Duration;
 
 use leasehold::Fence;
 use tokio_postgres::GenericClient;
@@ -38,6 +46,9 @@ use crate::table::to_sql;
 use crate::{Fenced, FencedWrite, InvalidTableName, TableName};
 
 pub use crate::Error;
+
+/// The bound on each call unless [`FencedTable::with_timeout`] sets another.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How often a write is tried again when the row changed under it in a way no fenced
 /// write makes (deleted, or its fence lowered by hand) between the refused upsert and
@@ -62,6 +73,7 @@ const ATTEMPTS: usize = 3;
 #[derive(Clone, Debug)]
 pub struct FencedTable {
     name: TableName,
+    timeout: Duration,
     create: String,
     write: String,
     newest: String,
@@ -85,7 +97,34 @@ impl FencedTable {
             newest: format!("SELECT fence FROM {name} WHERE key = $1"),
             read: format!("SELECT value, fence FROM {name} WHERE key = $1"),
             name,
+            timeout: DEFAULT_TIMEOUT,
         })
+    }
+
+    /// Bounds each call ([`create`](Self::create), [`write`](Self::write),
+    /// [`read`](Self::read), every statement of it together) by `timeout`; past it the
+    /// call answers [`Error::Timeout`]. Needs a tokio runtime with its timer, as
+    /// `tokio-postgres` does.
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> FencedTable {
+        self.timeout = timeout;
+        self
+    }
+
+    /// `call` under the table's timeout.
+    async fn bounded<T>(
+        &self,
+        key: &str,
+        call: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::Timeout {
+                    key: key.to_owned(),
+                    after: self.timeout,
+                })
+            })
     }
 
     /// The table's name.
@@ -106,10 +145,13 @@ impl FencedTable {
 
     /// Creates the table unless it exists.
     pub async fn create(&self, client: &impl GenericClient) -> Result<(), Error> {
-        client
-            .batch_execute(&self.create)
-            .await
-            .map_err(Error::Postgres)
+        let create = async {
+            client
+                .batch_execute(&self.create)
+                .await
+                .map_err(Error::Postgres)
+        };
+        self.bounded(self.name.as_str(), create).await
     }
 
     /// Stores `value` under `key` if `fence` is at least the newest fence admitted
@@ -123,6 +165,21 @@ impl FencedTable {
         value: &[u8],
     ) -> Result<FencedWrite, Error> {
         let presented = to_sql(fence).map_err(Error::FenceOutOfRange)?;
+        self.bounded(
+            key,
+            self.write_unbounded(client, key, fence, presented, value),
+        )
+        .await
+    }
+
+    async fn write_unbounded(
+        &self,
+        client: &impl GenericClient,
+        key: &str,
+        fence: Fence,
+        presented: i64,
+        value: &[u8],
+    ) -> Result<FencedWrite, Error> {
         for _ in 0..ATTEMPTS {
             let admitted = client
                 .query_opt(&self.write, &[&key, &value, &presented])
@@ -156,11 +213,13 @@ impl FencedTable {
         client: &impl GenericClient,
         key: &str,
     ) -> Result<Option<Fenced>, Error> {
-        let Some(row) = client
-            .query_opt(&self.read, &[&key])
-            .await
-            .map_err(Error::Postgres)?
-        else {
+        let read = async {
+            client
+                .query_opt(&self.read, &[&key])
+                .await
+                .map_err(Error::Postgres)
+        };
+        let Some(row) = self.bounded(key, read).await? else {
             return Ok(None);
         };
         let value: Vec<u8> = row.try_get(0).map_err(Error::Postgres)?;

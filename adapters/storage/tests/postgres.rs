@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use leasehold_storage::postgres::{Error, FencedTable};
 use leasehold_storage::{Fence, FencedWrite, MAX_SQL_FENCE};
-use leasehold_test_support::{check_fenced_history, Answer, FencePlan, PostgresServer};
+use leasehold_test_support::{check_fenced_history, Answer, FencePlan, PostgresServer, Proxy};
 use tokio_postgres::{Client, NoTls};
 
 async fn connect(server: &PostgresServer) -> Client {
@@ -162,5 +162,66 @@ async fn concurrent_stale_and_fresh_writers_never_admit_an_older_fence_after_a_n
     assert!(
         value.starts_with(&format!("{}:", last.0)),
         "the value travels with its fence: {value} under {last}"
+    );
+}
+
+/// A PostgreSQL that stops answering (its connection stalled in a proxy: a paused
+/// server, a silent network) costs one `Timeout` within the table's bound, for a
+/// write and for a read, never a stuck writer; once it answers again, nothing was
+/// lost and writes go on under the fence rule.
+#[tokio::test]
+async fn a_server_that_stops_answering_is_a_timeout_within_the_bound() {
+    let server = PostgresServer::start();
+    let proxy = Proxy::start(server.port()).await;
+    let conninfo = server.conninfo().replace(
+        &format!("port={}", server.port()),
+        &format!("port={}", proxy.port()),
+    );
+    let (client, connection) = tokio_postgres::connect(&conninfo, NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let bound = std::time::Duration::from_millis(300);
+    let table = FencedTable::new("fenced").unwrap().with_timeout(bound);
+    table.create(&client).await.unwrap();
+    assert_eq!(
+        table.write(&client, "k", Fence(3), b"a").await.unwrap(),
+        FencedWrite::Written
+    );
+
+    proxy.stall();
+    for read in [false, true] {
+        let started = std::time::Instant::now();
+        let err = if read {
+            table.read(&client, "k").await.map(|_| ()).unwrap_err()
+        } else {
+            table
+                .write(&client, "k", Fence(4), b"b")
+                .await
+                .map(|_| ())
+                .unwrap_err()
+        };
+        let took = started.elapsed();
+        assert!(
+            matches!(&err, Error::Timeout { key, after } if key == "k" && *after == bound),
+            "{err}"
+        );
+        assert!(took >= bound && took < bound * 5, "{took:?}");
+    }
+
+    proxy.resume();
+    assert_eq!(
+        table.write(&client, "k", Fence(5), b"c").await.unwrap(),
+        FencedWrite::Written
+    );
+    assert_eq!(
+        table.write(&client, "k", Fence(4), b"late").await.unwrap(),
+        FencedWrite::Stale {
+            presented: Fence(4),
+            newest: Fence(5)
+        }
+    );
+    let stored = table.read(&client, "k").await.unwrap().unwrap();
+    assert_eq!(
+        (stored.value.as_slice(), stored.fence),
+        (&b"c"[..], Fence(5))
     );
 }
