@@ -9,7 +9,6 @@ use leasehold_driver::{Clock, LocalLockService};
 
 use crate::connect::Connect;
 use crate::error::Error;
-use crate::scripts;
 use crate::service::{Answered, Op, RespLockService};
 
 /// How an operation ended, for the driver: its outcome, or why it has none.
@@ -45,18 +44,7 @@ impl<F: Connect, K: Clock, const R: usize, const W: usize> LocalLockService
         identity: &Identity,
         ttl: Duration,
     ) -> AcquireOutcome {
-        match settle(
-            self.perform(
-                Op::Acquire {
-                    key,
-                    token,
-                    identity,
-                    ttl,
-                },
-                scripts::ACQUIRE_PAIR,
-            )
-            .await,
-        ) {
+        match settle(self.perform(Op::acquire(key, token, identity, ttl)).await) {
             Settled::Answered(Answered::Acquire(outcome)) => outcome,
             Settled::Refused(refusal) => AcquireOutcome::Refused(refusal),
             Settled::Indeterminate(why) => AcquireOutcome::Indeterminate(why),
@@ -71,18 +59,7 @@ impl<F: Connect, K: Clock, const R: usize, const W: usize> LocalLockService
         fence: Fence,
         ttl: Duration,
     ) -> RenewOutcome {
-        match settle(
-            self.perform(
-                Op::Renew {
-                    key,
-                    token,
-                    fence,
-                    ttl,
-                },
-                scripts::RENEW_PAIR,
-            )
-            .await,
-        ) {
+        match settle(self.perform(Op::renew(key, token, fence, ttl)).await) {
             Settled::Answered(Answered::Renew(outcome)) => outcome,
             Settled::Refused(refusal) => RenewOutcome::Refused(refusal),
             Settled::Indeterminate(why) => RenewOutcome::Indeterminate(why),
@@ -91,10 +68,7 @@ impl<F: Connect, K: Clock, const R: usize, const W: usize> LocalLockService
     }
 
     async fn release(&self, key: &str, token: OwnerToken) -> ReleaseOutcome {
-        match settle(
-            self.perform(Op::Release { key, token }, scripts::RELEASE_PAIR)
-                .await,
-        ) {
+        match settle(self.perform(Op::release(key, token)).await) {
             Settled::Answered(Answered::Release(outcome)) => outcome,
             Settled::Refused(refusal) => ReleaseOutcome::Refused(refusal),
             Settled::Indeterminate(why) => ReleaseOutcome::Indeterminate(why),
@@ -103,7 +77,7 @@ impl<F: Connect, K: Clock, const R: usize, const W: usize> LocalLockService
     }
 
     async fn holder(&self, key: &str) -> HolderOutcome {
-        match settle(self.perform(Op::Holder { key }, scripts::HOLDER_PAIR).await) {
+        match settle(self.perform(Op::holder(key)).await) {
             Settled::Answered(Answered::Holder(Some(holder))) => HolderOutcome::Held(holder),
             Settled::Answered(Answered::Holder(None)) => HolderOutcome::Free,
             Settled::Refused(refusal) => HolderOutcome::Refused(refusal),

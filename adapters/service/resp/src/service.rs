@@ -283,18 +283,7 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
         identity: &Identity,
         ttl: Duration,
     ) -> Result<leasehold::AcquireOutcome, Error> {
-        match self
-            .perform(
-                Op::Acquire {
-                    key,
-                    token,
-                    identity,
-                    ttl,
-                },
-                scripts::ACQUIRE_PAIR,
-            )
-            .await?
-        {
+        match self.perform(Op::acquire(key, token, identity, ttl)).await? {
             Answered::Acquire(outcome) => Ok(outcome),
             _ => Err(UNEXPECTED),
         }
@@ -310,18 +299,7 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
         fence: Fence,
         ttl: Duration,
     ) -> Result<leasehold::RenewOutcome, Error> {
-        match self
-            .perform(
-                Op::Renew {
-                    key,
-                    token,
-                    fence,
-                    ttl,
-                },
-                scripts::RENEW_PAIR,
-            )
-            .await?
-        {
+        match self.perform(Op::renew(key, token, fence, ttl)).await? {
             Answered::Renew(outcome) => Ok(outcome),
             _ => Err(UNEXPECTED),
         }
@@ -333,10 +311,7 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
         key: &str,
         token: OwnerToken,
     ) -> Result<leasehold::ReleaseOutcome, Error> {
-        match self
-            .perform(Op::Release { key, token }, scripts::RELEASE_PAIR)
-            .await?
-        {
+        match self.perform(Op::release(key, token)).await? {
             Answered::Release(outcome) => Ok(outcome),
             _ => Err(UNEXPECTED),
         }
@@ -344,10 +319,7 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
 
     /// Who holds `key` now, or `None`.
     pub async fn try_holder(&self, key: &str) -> Result<Option<Holder>, Error> {
-        match self
-            .perform(Op::Holder { key }, scripts::HOLDER_PAIR)
-            .await?
-        {
+        match self.perform(Op::holder(key)).await? {
             Answered::Holder(holder) => Ok(holder),
             _ => Err(UNEXPECTED),
         }
@@ -357,12 +329,12 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
     /// (an `async fn` each would put four copies of the request path into the
     /// caller's state machine: kilobytes of flash on a microcontroller).
     ///
-    /// The operation's script comes from the caller, so a program that never calls
-    /// an operation does not link its script's text.
+    /// The operation comes with its script (see [`Op::acquire`] and the others), so a
+    /// program that never calls an operation does not link its script's text.
     // The `RefCell` borrow spans the request on purpose: it *is* the one-in-flight
     // rule. A second caller meets `try_borrow_mut`'s error (`Busy`), never a panic.
     #[allow(clippy::await_holding_refcell_ref)]
-    pub(crate) async fn perform(&self, op: Op<'_>, script: Script) -> Result<Answered, Error> {
+    pub(crate) async fn perform(&self, (op, script): (Op<'_>, Script)) -> Result<Answered, Error> {
         let key = op.key();
         leasehold::check_key(key).map_err(Error::InvalidKey)?;
         let token = &op.token().encode();
@@ -549,7 +521,50 @@ pub(crate) enum Op<'r> {
     },
 }
 
-impl Op<'_> {
+impl<'r> Op<'r> {
+    /// An acquire and its script. Each operation's script is named only by its
+    /// constructor, which only that operation's callers link.
+    pub(crate) fn acquire(
+        key: &'r str,
+        token: OwnerToken,
+        identity: &'r Identity,
+        ttl: Duration,
+    ) -> (Op<'r>, Script) {
+        let op = Op::Acquire {
+            key,
+            token,
+            identity,
+            ttl,
+        };
+        (op, scripts::ACQUIRE_PAIR)
+    }
+
+    /// A renewal and its script.
+    pub(crate) fn renew(
+        key: &'r str,
+        token: OwnerToken,
+        fence: Fence,
+        ttl: Duration,
+    ) -> (Op<'r>, Script) {
+        let op = Op::Renew {
+            key,
+            token,
+            fence,
+            ttl,
+        };
+        (op, scripts::RENEW_PAIR)
+    }
+
+    /// A release and its script.
+    pub(crate) fn release(key: &'r str, token: OwnerToken) -> (Op<'r>, Script) {
+        (Op::Release { key, token }, scripts::RELEASE_PAIR)
+    }
+
+    /// A holder query and its script.
+    pub(crate) fn holder(key: &'r str) -> (Op<'r>, Script) {
+        (Op::Holder { key }, scripts::HOLDER_PAIR)
+    }
+
     fn key(&self) -> &str {
         match *self {
             Op::Acquire { key, .. }
