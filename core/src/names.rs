@@ -309,15 +309,39 @@ impl fmt::Display for IdentityError {
 impl core::error::Error for IdentityError {}
 
 /// Who holds a key, as the service saw it when it answered.
+///
+/// A lock service in *quarantine* answers acquires with [`Holder::quarantine`]: no
+/// client holds the key, but the service may have forgotten grants that are still
+/// alive (it lost its data, was restored from a backup, or a replica that missed the
+/// latest grants took over), so it grants nothing for `remaining`. Its fence is 0,
+/// which no grant ever has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Holder {
     /// The identity the holder gave when it acquired.
     pub identity: Identity,
-    /// The fence of its grant.
+    /// The fence of its grant (0 for a quarantine).
     pub fence: Fence,
-    /// How long until the service expires the grant unless it is renewed.
+    /// How long until the service expires the grant unless it is renewed (for a
+    /// quarantine: until it ends).
     pub remaining: Duration,
+}
+
+impl Holder {
+    /// What a service in quarantine answers an acquire: nobody holds the key, and
+    /// nothing is granted for `remaining`.
+    pub const fn quarantine(remaining: Duration) -> Holder {
+        Holder {
+            identity: Identity::EMPTY,
+            fence: Fence(0),
+            remaining,
+        }
+    }
+
+    /// Whether this is a quarantine ([`Holder::quarantine`]) rather than a holder.
+    pub const fn is_quarantine(&self) -> bool {
+        self.fence.0 == 0
+    }
 }
 
 #[cfg(test)]

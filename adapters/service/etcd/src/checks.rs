@@ -202,12 +202,16 @@ impl EtcdLockService {
             .collect();
         let txn = Txn::new().and_then(reads);
         let first = batch.first().map_or("", |w| &w.key);
+        let before = self.shared.memory.before();
         let answer = self
             .timed(Op::Check, first, |mut c| {
                 let txn = txn.clone();
                 async move { c.txn(txn).await }
             })
             .await;
+        if let Ok(Ok(answer)) = &answer {
+            self.observe(answer.0.header.as_ref(), before);
+        }
         let responses = match answer {
             Ok(Ok(answer)) if answer.0.responses.len() == batch.len() => answer.0.responses,
             Ok(Ok(answer)) => {

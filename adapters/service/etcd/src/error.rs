@@ -40,6 +40,9 @@ pub enum Op {
     /// [`raise_fence`](crate::EtcdLockService::raise_fence): a read of the fence
     /// counter, then a compare-and-put.
     RaiseFence,
+    /// Starting a quarantine after etcd may have lost grants: a lease grant and a
+    /// transaction that puts the quarantine key.
+    Quarantine,
 }
 
 impl fmt::Display for Op {
@@ -57,6 +60,7 @@ impl fmt::Display for Op {
             Op::Holder => "holder query",
             Op::Watch => "revocation watch",
             Op::RaiseFence => "raise fence",
+            Op::Quarantine => "quarantine (start)",
         })
     }
 }

@@ -3,6 +3,7 @@
 #![deny(missing_docs)]
 
 mod checks;
+mod epoch;
 mod error;
 mod keep_alive;
 mod lock_service;
@@ -12,7 +13,8 @@ mod value;
 
 pub use error::{ErrorKind, EtcdLockError, Op};
 pub use service::{
-    ttl_secs, Acquired, Builder, EtcdLockService, NotHeld, Released, Renewed, Revoked, MAX_TTL_SECS,
+    ttl_secs, Acquired, Builder, EtcdLockService, NotHeld, Released, Renewed, Revoked,
+    DEFAULT_MAX_TTL, MAX_TTL_SECS,
 };
 
 /// A random 128-bit owner identity from the operating system's RNG.

@@ -49,6 +49,10 @@ impl LockService for EtcdLockService {
                 tracing::debug!(key, %token, holder = %holder.identity, fence = %holder.fence, "acquire: held by another");
                 AcquireOutcome::HeldByAnother(holder)
             }
+            Ok(Acquired::Quarantined { remaining }) => {
+                tracing::info!(key, %token, remaining_ms = remaining.as_millis(), "acquire: etcd is in quarantine after a possible loss of grants");
+                AcquireOutcome::HeldByAnother(leasehold::Holder::quarantine(remaining))
+            }
             Err(err) => {
                 log_error(key, &err);
                 match err.refusal() {

@@ -5,9 +5,10 @@ use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
 use leasehold::{Duration, Fence, Holder, Identity, OwnerToken};
 
 use crate::checks::Read;
+use crate::epoch::Marker;
 use crate::error::{ErrorKind, EtcdLockError, Op};
 use crate::service::{
-    ttl_secs, Acquired, EtcdLockService, Held, NotHeld, Released, Renewed, Revoked,
+    ttl_secs, Acquired, EtcdLockService, Held, NotHeld, Released, Renewed, Revoked, MAX_TTL_SECS,
 };
 use crate::value::{self, Stored};
 
@@ -69,6 +70,7 @@ impl EtcdLockService {
         ttl: Duration,
     ) -> Result<Acquired, EtcdLockError> {
         self.check_key(Op::Read, key)?;
+        self.within_max_ttl(Op::Grant, key, ttl)?;
         let secs = ttl_secs(ttl).ok_or_else(|| {
             self.error(Op::Grant, ErrorKind::Unsupported, key)
                 .because(format_args!(
@@ -79,9 +81,12 @@ impl EtcdLockService {
         })?;
 
         let counter_key = value::fence_key(key);
+        let (marker_key, quarantine_key) = (&*self.shared.marker_key, &*self.shared.quarantine_key);
         let read = Txn::new().and_then([
             TxnOp::get(key, None),
             TxnOp::get(counter_key.as_str(), None),
+            TxnOp::get(marker_key, None),
+            TxnOp::get(quarantine_key, None),
         ]);
         let read = self.txn(Op::Read, key, read).await?.0;
         if let Some(kv) = self.range_kv(Op::Read, key, &read, 0)? {
@@ -89,6 +94,36 @@ impl EtcdLockService {
         }
         let (counter, counter_revision) =
             self.counter(Op::Read, key, self.range_kv(Op::Read, key, &read, 1)?)?;
+        // A free key: unless etcd may have forgotten a grant that is still alive.
+        let now = read
+            .header
+            .as_ref()
+            .map(Marker::of)
+            .ok_or_else(|| self.protocol(Op::Read, key, "a read without a header"))?;
+        let marker = self.range_kv(Op::Read, key, &read, 2)?;
+        if let Some(kv) = self.range_kv(Op::Read, key, &read, 3)? {
+            return Ok(Acquired::Quarantined {
+                remaining: self.quarantine_left(key, kv.lease).await,
+            });
+        }
+        let stored = marker.and_then(|kv| Marker::parse(&kv.value));
+        let lost = match (marker, stored) {
+            (None, _) => Some("no epoch marker: the data set is new or was emptied"),
+            (Some(_), None) => Some("the epoch marker is not `<cluster id> <raft term>`"),
+            (Some(_), Some(stored)) => stored.lost_since(now),
+        };
+        let lost = lost.or_else(|| {
+            self.shared
+                .memory
+                .take_rollback()
+                .then_some("this client saw etcd's revision go back")
+        });
+        if let Some(why) = lost {
+            tracing::warn!(key, why, "etcd may have lost grants: starting a quarantine");
+            let remaining = self.start_quarantine(key, now).await?;
+            return Ok(Acquired::Quarantined { remaining });
+        }
+        let marker_revision = marker.map_or(0, |kv| kv.create_revision);
         let fence = (counter + 1).max(wall_clock_micros());
         if fence > MAX_FENCE {
             return Err(self
@@ -113,20 +148,28 @@ impl EtcdLockService {
         }
 
         let stored = value::encode(token, fence, identity);
+        let mut puts = vec![
+            TxnOp::put(
+                key,
+                stored.clone(),
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::put(counter_key.as_str(), fence.to_string(), None),
+            TxnOp::get(key, None),
+        ];
+        // Keep the marker up to date with the cluster and the highest term seen.
+        if stored_marker_behind(marker.and_then(|kv| Marker::parse(&kv.value)), now) {
+            puts.push(TxnOp::put(marker_key, now.encode(), None));
+        }
         let txn = Txn::new()
             .when([
                 Compare::create_revision(key, CompareOp::Equal, 0),
                 Compare::mod_revision(counter_key.as_str(), CompareOp::Equal, counter_revision),
+                // The same epoch, and no quarantine started since the read.
+                Compare::create_revision(marker_key, CompareOp::Equal, marker_revision),
+                Compare::create_revision(quarantine_key, CompareOp::Equal, 0),
             ])
-            .and_then([
-                TxnOp::put(
-                    key,
-                    stored.clone(),
-                    Some(PutOptions::new().with_lease(lease)),
-                ),
-                TxnOp::put(counter_key.as_str(), fence.to_string(), None),
-                TxnOp::get(key, None),
-            ])
+            .and_then(puts)
             .or_else([TxnOp::get(key, None)]);
         // On an error the put may have happened: the lease is left alone, for a retry
         // to find (and re-grant) it. Unused, it expires by itself after its TTL.
@@ -134,9 +177,10 @@ impl EtcdLockService {
         if !answer.succeeded {
             self.revoke_in_background(key, lease, "unused grant");
             let Some(kv) = self.range_kv(Op::Acquire, key, &answer, 0)? else {
-                // The key is still free: only the counter moved since the read.
+                // The key is still free: the counter moved since the read, or the
+                // epoch did (a quarantine started), which the next attempt reads.
                 return Err(self.error(Op::Acquire, ErrorKind::Service, key).because(
-                    "its fence counter moved during the acquire (a grant came and went); try again",
+                    "its fence counter or the epoch moved during the acquire; try again",
                 ));
             };
             // Created since the read.
@@ -172,6 +216,119 @@ impl EtcdLockService {
             lease,
             regranted: false,
         })
+    }
+
+    /// Refuses a TTL above `max_ttl` before anything is sent: a grant (or a renewal)
+    /// longer than the quarantine could outlive it.
+    pub(crate) fn within_max_ttl(
+        &self,
+        op: Op,
+        key: &str,
+        ttl: Duration,
+    ) -> Result<(), EtcdLockError> {
+        if ttl <= self.max_ttl {
+            return Ok(());
+        }
+        Err(self
+            .error(op, ErrorKind::Unsupported, key)
+            .because(format_args!(
+            "a TTL of {:?} is above this service's max_ttl of {:?}, the quarantine that covers \
+             the grants etcd may lose; raise max_ttl (the same on every client of this etcd) \
+             or ask for less",
+            std::time::Duration::from(ttl),
+            std::time::Duration::from(self.max_ttl)
+        )))
+    }
+
+    /// Starts a quarantine (unless one was started meanwhile): an etcd lease of
+    /// `max_ttl` (whole seconds, at least etcd's minimum) carrying the quarantine key,
+    /// and the epoch marker written anew as `now`. Answers how long it lasts.
+    pub(crate) async fn start_quarantine(
+        &self,
+        key: &str,
+        now: Marker,
+    ) -> Result<Duration, EtcdLockError> {
+        let op = Op::Quarantine;
+        let secs = ttl_secs(self.max_ttl).unwrap_or(MAX_TTL_SECS);
+        let grant = self
+            .call(
+                op,
+                key,
+                |mut c| async move { c.lease_grant(secs, None).await },
+            )
+            .await
+            .inspect_err(|_| self.shared.memory.keep_rollback())?;
+        let lease = grant.id();
+        let granted = self.reported_ttl(op, key, grant.ttl())?;
+        let quarantine_key = &*self.shared.quarantine_key;
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                quarantine_key,
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then([
+                TxnOp::put(
+                    quarantine_key,
+                    "",
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::put(&*self.shared.marker_key, now.encode(), None),
+            ])
+            .or_else([TxnOp::get(quarantine_key, None)]);
+        let answer = self
+            .txn(op, key, txn)
+            .await
+            .inspect_err(|_| self.shared.memory.keep_rollback())?
+            .0;
+        if answer.succeeded {
+            return Ok(granted);
+        }
+        // Another client started it first: its lease decides.
+        self.revoke_in_background(key, lease, "unused quarantine");
+        match self.range_kv(op, key, &answer, 0)? {
+            Some(kv) => Ok(self.quarantine_left(key, kv.lease).await),
+            None => Ok(granted),
+        }
+    }
+
+    /// Starts a quarantine in the background (a rollback seen by a renewal or a
+    /// release, which answer as usual meanwhile); a failure leaves it to the next
+    /// acquire.
+    pub(crate) fn quarantine_in_background(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let service = self.clone();
+        runtime.spawn(async move {
+            let key = &*service.shared.marker_key;
+            let answer = match service.get(Op::Quarantine, key).await {
+                Ok(answer) => answer,
+                Err(err) => {
+                    service.shared.memory.keep_rollback();
+                    tracing::debug!(error = %err, "starting the quarantine failed; the next acquire does");
+                    return;
+                }
+            };
+            let Some(now) = answer.0.header.as_ref().map(Marker::of) else {
+                return;
+            };
+            service.shared.memory.take_rollback();
+            if let Err(err) = service.start_quarantine(key, now).await {
+                tracing::debug!(error = %err, "starting the quarantine failed; the next acquire does");
+            }
+        });
+    }
+
+    /// How long the quarantine on etcd lease `lease` has left; its whole length
+    /// (`max_ttl`) if etcd cannot say (an overstatement: a contender retries late).
+    async fn quarantine_left(&self, key: &str, lease: i64) -> Duration {
+        match self.time_to_live(key, lease).await {
+            Ok(left) if !left.is_zero() => left,
+            // Expired since the read, or unknown: at least a second more.
+            Ok(_) => Duration::from_secs(1),
+            Err(_) => self.max_ttl,
+        }
     }
 
     /// The acquire answer for a key that exists as `kv`: ours from an earlier attempt
@@ -689,6 +846,11 @@ impl EtcdLockService {
             )),
         }
     }
+}
+
+/// Whether a grant should write `now` over the stored marker.
+fn stored_marker_behind(stored: Option<Marker>, now: Marker) -> bool {
+    stored.is_none_or(|stored| stored.behind(now))
 }
 
 /// The largest fence: 2^63 − 1, where Redis's counter and SQL's `BIGINT` columns (see

@@ -9,6 +9,7 @@ use etcd_client::{Client, ConnectOptions, GetOptions, Txn};
 use leasehold::{Duration, Fence, Holder, OwnerToken};
 
 use crate::checks::Checks;
+use crate::epoch::Memory;
 use crate::error::{ErrorKind, EtcdLockError, Op};
 use crate::keep_alive::KeepAlives;
 
@@ -17,6 +18,10 @@ pub const MAX_TTL_SECS: i64 = 9_000_000_000;
 
 /// The default bound on each etcd call.
 const DEFAULT_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The longest TTL an acquire may ask for by default, and so the quarantine after etcd
+/// lost grants ([`Builder::max_ttl`]); the same as the Redis services'.
+pub const DEFAULT_MAX_TTL: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A lock service on etcd v3: one lease per grant, the key attached to it.
 ///
@@ -28,6 +33,7 @@ pub struct EtcdLockService {
     pub(crate) shared: Arc<Shared>,
     pub(crate) request_timeout: std::time::Duration,
     pub(crate) watch_retry: std::time::Duration,
+    pub(crate) max_ttl: Duration,
 }
 
 pub(crate) struct Shared {
@@ -42,6 +48,11 @@ pub(crate) struct Shared {
     pub(crate) keep_alives: KeepAlives,
     /// Renewals waiting for their ownership read, batched.
     pub(crate) checks: Checks,
+    /// What this service saw of etcd's history (see `epoch.rs`).
+    pub(crate) memory: Memory,
+    /// The epoch marker's and the quarantine's names (see `epoch.rs`).
+    pub(crate) marker_key: Box<str>,
+    pub(crate) quarantine_key: Box<str>,
 }
 
 /// One grant as etcd holds it.
@@ -61,6 +72,7 @@ impl std::fmt::Debug for EtcdLockService {
         f.debug_struct("EtcdLockService")
             .field("endpoints", &self.shared.endpoints)
             .field("request_timeout", &self.request_timeout)
+            .field("max_ttl", &self.max_ttl)
             .field("grants", &self.grants())
             .field("keep_alive_streams", &self.keep_alive_streams())
             .finish_non_exhaustive()
@@ -88,6 +100,13 @@ pub enum Acquired {
     },
     /// The key holds another grant: another owner, or another term of the same owner.
     HeldByAnother(Holder),
+    /// Nobody holds it, but etcd may have lost grants that are still alive (it was
+    /// restored from a backup, or the data set is new or was emptied): nothing is
+    /// granted for `remaining` (see [`Builder::max_ttl`]).
+    Quarantined {
+        /// Until the quarantine ends, as etcd's lease of it says (whole seconds).
+        remaining: Duration,
+    },
 }
 
 /// Why etcd says a token does not hold a key (any more).
@@ -151,6 +170,8 @@ pub struct Builder {
     user: Option<(String, String)>,
     watch_retry: std::time::Duration,
     options: Option<ConnectOptions>,
+    max_ttl: std::time::Duration,
+    epoch_prefix: String,
 }
 
 impl Builder {
@@ -190,6 +211,29 @@ impl Builder {
     /// [`ErrorKind::Unauthorized`] if etcd refuses the credentials.
     pub fn user(mut self, name: impl Into<String>, password: impl Into<String>) -> Self {
         self.user = Some((name.into(), password.into()));
+        self
+    }
+
+    /// The longest TTL an acquire may ask for (default [`DEFAULT_MAX_TTL`], 30 s); a
+    /// longer one is refused before anything is sent (`Unsupported`, final).
+    ///
+    /// It is also the **quarantine**: when etcd may have lost grants that are still
+    /// alive (restored from a backup, a new or emptied data set; see the crate docs),
+    /// no free key is granted for this long (rounded up to whole seconds), so that
+    /// every grant it may have forgotten has expired first
+    /// ([`Acquired::Quarantined`]). Give every client of one etcd the same value, at
+    /// least the longest TTL any of them asks for.
+    pub fn max_ttl(mut self, max_ttl: std::time::Duration) -> Self {
+        self.max_ttl = max_ttl;
+        self
+    }
+
+    /// Where the epoch marker and the quarantine key live: `<prefix>{leasehold}epoch`
+    /// and `<prefix>{leasehold}quarantine` (default prefix: none). Set it when etcd's
+    /// roles restrict this client to a prefix of keys: the client must be able to
+    /// read and write both. Every client of one data set must use the same prefix.
+    pub fn epoch_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.epoch_prefix = prefix.into();
         self
     }
 
@@ -260,9 +304,12 @@ impl Builder {
                 ))
             }
         };
-        Ok(EtcdLockService::with_endpoints(client, endpoints)
-            .with_request_timeout(self.request_timeout)
-            .with_watch_retry(self.watch_retry))
+        Ok(
+            EtcdLockService::with_endpoints(client, endpoints, &self.epoch_prefix)
+                .with_request_timeout(self.request_timeout)
+                .with_watch_retry(self.watch_retry)
+                .with_max_ttl(self.max_ttl),
+        )
     }
 }
 
@@ -294,6 +341,8 @@ impl EtcdLockService {
             user: None,
             watch_retry: std::time::Duration::from_millis(100),
             options: None,
+            max_ttl: DEFAULT_MAX_TTL,
+            epoch_prefix: String::new(),
         }
     }
 
@@ -307,11 +356,13 @@ impl EtcdLockService {
     /// A service on a client you built (5 s request timeout; change it with
     /// [`with_request_timeout`](Self::with_request_timeout)). `endpoints` is only
     /// named in errors: say where the client connects.
+    /// The epoch marker and the quarantine key have no prefix
+    /// ([`Builder::epoch_prefix`]); the max TTL is [`DEFAULT_MAX_TTL`].
     pub fn from_client(client: Client, endpoints: &str) -> EtcdLockService {
-        EtcdLockService::with_endpoints(client, Arc::from(endpoints))
+        EtcdLockService::with_endpoints(client, Arc::from(endpoints), "")
     }
 
-    fn with_endpoints(client: Client, endpoints: Arc<str>) -> EtcdLockService {
+    fn with_endpoints(client: Client, endpoints: Arc<str>, epoch_prefix: &str) -> EtcdLockService {
         EtcdLockService {
             shared: Arc::new(Shared {
                 client,
@@ -319,10 +370,26 @@ impl EtcdLockService {
                 held: Mutex::new(HashMap::new()),
                 keep_alives: KeepAlives::default(),
                 checks: Checks::default(),
+                memory: Memory::default(),
+                marker_key: crate::epoch::marker_key(epoch_prefix).into(),
+                quarantine_key: crate::epoch::quarantine_key(epoch_prefix).into(),
             }),
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             watch_retry: std::time::Duration::from_millis(100),
+            max_ttl: Duration::from(DEFAULT_MAX_TTL),
         }
+    }
+
+    /// The same service with another longest TTL and quarantine (see
+    /// [`Builder::max_ttl`]).
+    pub fn with_max_ttl(mut self, max_ttl: std::time::Duration) -> Self {
+        self.max_ttl = Duration::from(max_ttl);
+        self
+    }
+
+    /// The longest TTL an acquire may ask for, and the quarantine.
+    pub fn max_ttl(&self) -> std::time::Duration {
+        self.max_ttl.into()
     }
 
     /// The same service (same channel, same table of grants) with another bound on
@@ -437,28 +504,55 @@ impl EtcdLockService {
             .map_err(|e| EtcdLockError::from_client(op, &self.shared.endpoints, e).for_key(key))
     }
 
+    /// A transaction (linearizable: its answer's revision is checked against what
+    /// this service saw before sending it, see `epoch.rs`).
     pub(crate) async fn txn(
         &self,
         op: Op,
         key: &str,
         txn: Txn,
     ) -> Result<etcd_client::TxnResponse, EtcdLockError> {
-        self.call(op, key, |mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })
-        .await
+        let before = self.shared.memory.before();
+        let answer = self
+            .call(op, key, |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?;
+        self.observe(answer.0.header.as_ref(), before);
+        Ok(answer)
     }
 
+    /// A linearizable read of `key`, its revision checked as [`txn`](Self::txn)'s.
     pub(crate) async fn get(
         &self,
         op: Op,
         key: &str,
     ) -> Result<etcd_client::GetResponse, EtcdLockError> {
-        self.call(op, key, |mut c| async move {
-            c.get(key.as_bytes(), None::<GetOptions>).await
-        })
-        .await
+        let before = self.shared.memory.before();
+        let answer = self
+            .call(op, key, |mut c| async move {
+                c.get(key.as_bytes(), None::<GetOptions>).await
+            })
+            .await?;
+        self.observe(answer.0.header.as_ref(), before);
+        Ok(answer)
+    }
+
+    /// Takes in an answer's header; a store that went back in time starts the
+    /// quarantine for every client, in the background.
+    pub(crate) fn observe(
+        &self,
+        header: Option<&etcd_client::proto::PbResponseHeader>,
+        before: i64,
+    ) {
+        if self.shared.memory.observe(header, before) {
+            tracing::warn!(
+                endpoints = %self.shared.endpoints,
+                "etcd's revision went back (restored from a backup?): no grants until the quarantine ends"
+            );
+            self.quarantine_in_background();
+        }
     }
 
     pub(crate) async fn revoke(&self, key: &str, lease: i64) -> Result<(), EtcdLockError> {

@@ -30,7 +30,7 @@ use redis::{
 
 use crate::connect::check_url;
 use crate::error::{Op, RedisLockError};
-use crate::keys::slot_of;
+use crate::keys::{slot_of, EpochScope};
 use crate::service::RedisLockService;
 
 /// A [`RedisLockService`] on a Redis Cluster (feature `cluster`).
@@ -110,7 +110,7 @@ impl RedisLockService<ClusterConnection> {
             .await
             .map_err(|e| RedisLockError::from_redis(Op::Connect, &endpoint, e))?;
         let conn = ClusterConnection { router };
-        RedisLockService::from_connection_at(conn, &endpoint)
+        RedisLockService::loaded(conn, &endpoint, EpochScope::Slot)
             .await
             .map(|s| s.with_request_timeout(Some(Duration::from_secs(1))))
     }

@@ -4,6 +4,7 @@
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::error::{Op, RedisLockError};
+use crate::keys::EpochScope;
 use crate::service::RedisLockService;
 
 /// Settings for [`RedisLockService::builder`].
@@ -12,6 +13,7 @@ use crate::service::RedisLockService;
 pub struct Builder {
     url: String,
     request_timeout: Option<std::time::Duration>,
+    max_ttl: std::time::Duration,
     max_in_flight: usize,
     connect_timeout: std::time::Duration,
     reconnect_min_delay: std::time::Duration,
@@ -29,6 +31,7 @@ impl RedisLockService {
         Builder {
             url: url.into(),
             request_timeout: Some(std::time::Duration::from_secs(1)),
+            max_ttl: crate::DEFAULT_MAX_TTL,
             max_in_flight: crate::MAX_IN_FLIGHT,
             connect_timeout: std::time::Duration::from_millis(500),
             reconnect_min_delay: std::time::Duration::from_millis(10),
@@ -68,6 +71,14 @@ impl Builder {
     /// `request_timeout` anyway.
     pub fn request_timeout(mut self, timeout: Option<std::time::Duration>) -> Self {
         self.request_timeout = timeout;
+        self
+    }
+
+    /// The longest TTL an acquire may ask for, and the quarantine after Redis lost its
+    /// data (default [`DEFAULT_MAX_TTL`](crate::DEFAULT_MAX_TTL), 30 s); see
+    /// [`RedisLockService::with_max_ttl`].
+    pub fn max_ttl(mut self, max_ttl: std::time::Duration) -> Self {
+        self.max_ttl = max_ttl;
         self
     }
 
@@ -131,6 +142,7 @@ impl Builder {
                 })?;
         loaded.map(|s| {
             s.with_request_timeout(self.request_timeout)
+                .with_max_ttl(self.max_ttl)
                 .with_max_in_flight(self.max_in_flight)
         })
     }
@@ -152,9 +164,12 @@ impl Builder {
         let (client, config, endpoint) = self.client()?;
         let manager = ConnectionManager::new_lazy_with_config(client, config)
             .map_err(|e| RedisLockError::from_redis(Op::Connect, &endpoint, e))?;
-        Ok(RedisLockService::unloaded(manager, &endpoint)
-            .with_request_timeout(self.request_timeout)
-            .with_max_in_flight(self.max_in_flight))
+        Ok(
+            RedisLockService::unloaded(manager, &endpoint, EpochScope::DataSet)
+                .with_request_timeout(self.request_timeout)
+                .with_max_ttl(self.max_ttl)
+                .with_max_in_flight(self.max_in_flight),
+        )
     }
 
     /// The client for the URL (checked, with TLS roots when set), the connection

@@ -179,6 +179,17 @@ pub enum RedisLockError {
         /// Why.
         reason: &'static str,
     },
+    /// An acquire or a renewal asked for a TTL above the service's
+    /// [`max_ttl`](crate::RedisLockService::with_max_ttl), which its quarantine after
+    /// a loss of state would not cover. Not sent; a final refusal (`Unsupported`).
+    TtlAboveMax {
+        /// The request.
+        op: Op,
+        /// The TTL asked for.
+        asked: std::time::Duration,
+        /// The service's `max_ttl`.
+        max: std::time::Duration,
+    },
     /// The URL or the settings cannot be used (malformed URL, `rediss://` without the
     /// `tls` feature). Only [`Builder::connect`](crate::Builder::connect) returns it.
     Config {
@@ -198,7 +209,8 @@ impl RedisLockError {
             | RedisLockError::Transport { op, .. }
             | RedisLockError::Timeout { op, .. }
             | RedisLockError::Service { op, .. }
-            | RedisLockError::InvalidRequest { op, .. } => *op,
+            | RedisLockError::InvalidRequest { op, .. }
+            | RedisLockError::TtlAboveMax { op, .. } => *op,
             RedisLockError::Protocol(e) => e.op,
             RedisLockError::Config { .. } => Op::Connect,
         }
@@ -216,9 +228,9 @@ impl RedisLockError {
         match self {
             RedisLockError::InvalidKey { .. } => Some(Refusal::InvalidKey),
             RedisLockError::Refused { refusal, .. } => Some(*refusal),
-            RedisLockError::InvalidRequest { .. } | RedisLockError::Config { .. } => {
-                Some(Refusal::Unsupported)
-            }
+            RedisLockError::InvalidRequest { .. }
+            | RedisLockError::TtlAboveMax { .. }
+            | RedisLockError::Config { .. } => Some(Refusal::Unsupported),
             _ => None,
         }
     }
@@ -403,6 +415,12 @@ impl fmt::Display for RedisLockError {
             ),
             RedisLockError::Protocol(e) => e.fmt(f),
             RedisLockError::InvalidRequest { op, reason } => write!(f, "{op}: not sent: {reason}"),
+            RedisLockError::TtlAboveMax { op, asked, max } => write!(
+                f,
+                "{op}: not sent: a TTL of {asked:?} is above this service's max_ttl of \
+                 {max:?}, the quarantine that covers the grants Redis may lose; raise max_ttl \
+                 (the same on every client of this Redis) or ask for less"
+            ),
             RedisLockError::Config { url, reason } => {
                 write!(f, "unusable Redis URL `{url}`: {reason}")
             }

@@ -113,6 +113,31 @@ impl FencedKeys {
     }
 }
 
+/// Where a lock's epoch marker lives (see [`lua::ACQUIRE`](crate::lua::ACQUIRE)): one
+/// for the whole data set on a standalone Redis, one per slot on a cluster (a script
+/// touches only keys of its lock's slot, and each slot is lost or kept with the node
+/// that serves it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EpochScope {
+    /// [`EPOCH_KEY`](crate::scripts::EPOCH_KEY), as `leasehold-resp` uses it.
+    DataSet,
+    /// `{leasehold-N}:epoch`, `N` the smallest number whose tag is in the lock's slot.
+    #[cfg(feature = "cluster")]
+    Slot,
+}
+
+/// The epoch marker in `slot`: `{leasehold-N}:epoch` with the smallest `N` whose hash
+/// tag falls in `slot` (about 16,000 tries on average: computed once per slot and
+/// kept by the service).
+#[cfg(feature = "cluster")]
+pub(crate) fn slot_epoch_key(slot: u16) -> String {
+    (0u32..)
+        .map(|n| format!("leasehold-{n}"))
+        .find(|tag| slot_of(tag.as_bytes()) == slot)
+        .map(|tag| format!("{{{tag}}}:epoch"))
+        .unwrap_or_default()
+}
+
 /// The lock key of `name`, `{name}`, written straight into a command: a request
 /// builds no key string of its own (the renew path runs once per lease per T/3).
 /// The caller has checked `name` ([`leasehold::check_key`]).
@@ -160,6 +185,21 @@ mod tests {
     use super::*;
 
     /// The keys written into a command are the keys `Keys` names, one argument each.
+    /// Every slot has a marker in it, named by the smallest number that lands there.
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn each_slot_has_its_own_epoch_marker() {
+        for slot in [0, 1, 105, 8_191, 16_383] {
+            let key = slot_epoch_key(slot);
+            assert_eq!(slot_of(key.as_bytes()), slot, "{key}");
+            assert!(
+                key.starts_with("{leasehold-") && key.ends_with("}:epoch"),
+                "{key}"
+            );
+        }
+        assert_eq!(slot_of(b"{leasehold}:epoch"), slot_of(b"{leasehold}"));
+    }
+
     #[test]
     fn keys_written_into_a_command_are_one_argument_each() {
         let keys = Keys::new("orders").unwrap();

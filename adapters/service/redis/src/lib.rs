@@ -25,13 +25,15 @@ pub use keys::{FencedKeys, Keys};
 /// [`RedisLockService::fenced_read`] returns, shared with the SQL stores of
 /// `leasehold-storage`.
 pub use leasehold_storage::{Fenced, FencedWrite};
-pub use service::{Acquired, RedisLockService, Released, Renewed, MAX_IN_FLIGHT};
+pub use service::{Acquired, RedisLockService, Released, Renewed, DEFAULT_MAX_TTL, MAX_IN_FLIGHT};
 
 /// The Lua scripts exactly as they are loaded into Redis (for audits, for
 /// `redis-benchmark`, or to `SCRIPT LOAD` them by hand). Each documents its keys,
 /// arguments and answers.
 pub mod lua {
-    pub use crate::scripts::{ACQUIRE, FENCED_WRITE, HOLDER, RAISE_FENCE, RELEASE, RENEW};
+    pub use crate::scripts::{
+        ACQUIRE, EPOCH_KEY, FENCED_WRITE, HOLDER, RAISE_FENCE, RELEASE, RENEW,
+    };
 }
 
 /// A random 128-bit owner identity from the operating system's RNG.

@@ -2,8 +2,8 @@
 //! each logged with `tracing`.
 
 use leasehold::{
-    AcquireOutcome, Duration, Fence, HolderOutcome, Identity, Indeterminate, OwnerToken, Refusal,
-    ReleaseOutcome, RenewOutcome,
+    AcquireOutcome, Duration, Fence, Holder, HolderOutcome, Identity, Indeterminate, OwnerToken,
+    Refusal, ReleaseOutcome, RenewOutcome,
 };
 use leasehold_driver::LockService;
 use redis::aio::ConnectionLike;
@@ -55,6 +55,10 @@ where
             Ok(Acquired::HeldByAnother(holder)) => {
                 tracing::debug!(key, %token, ?holder, "acquire: held by another");
                 AcquireOutcome::HeldByAnother(holder)
+            }
+            Ok(Acquired::Quarantined { remaining }) => {
+                tracing::info!(key, %token, ?remaining, "acquire: Redis is in quarantine after a loss of state");
+                AcquireOutcome::HeldByAnother(Holder::quarantine(remaining))
             }
             Err(e) => failure(
                 key,

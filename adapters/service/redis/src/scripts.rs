@@ -25,7 +25,9 @@ use crate::keys::write_arg;
 
 /// The scripts themselves live in `leasehold-resp` (no_std), the one source both
 /// services load: the same text, so the same SHA1.
-pub use leasehold_resp::scripts::{ACQUIRE, FENCED_WRITE, HOLDER, RAISE_FENCE, RELEASE, RENEW};
+pub use leasehold_resp::scripts::{
+    ACQUIRE, EPOCH_KEY, FENCED_WRITE, HOLDER, RAISE_FENCE, RELEASE, RENEW,
+};
 
 /// The start of the lock value that renew and release compare: `<token>\n<fence>\n`
 /// (renew: this grant only), or `<token>\n` (release: this owner's term, whatever
@@ -72,8 +74,13 @@ fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
 /// What the acquire script answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
-    Granted { fence: Fence, regranted: bool },
+    Granted {
+        fence: Fence,
+        regranted: bool,
+    },
     HeldByAnother(Holder),
+    /// The data set is in quarantine for this long.
+    Quarantined(Duration),
 }
 
 pub(crate) fn parse_acquire(value: &Value) -> Result<AcquireReply, ProtocolError> {
@@ -87,9 +94,15 @@ pub(crate) fn parse_acquire(value: &Value) -> Result<AcquireReply, ProtocolError
         (Some(0), [_, rest @ ..]) if rest.len() == 3 => {
             Ok(AcquireReply::HeldByAnother(holder(op, rest)?))
         }
+        (Some(3), [_, ms]) => match int(op, ms)? {
+            ms @ 1.. => Ok(AcquireReply::Quarantined(Duration::from_millis(
+                ms.unsigned_abs(),
+            ))),
+            _ => Err(ProtocolError::new(op, "a positive quarantine in ms", value)),
+        },
         _ => Err(ProtocolError::new(
             op,
-            "[1|2, fence] or [0, fence, identity, pttl]",
+            "[1|2, fence], [0, fence, identity, pttl] or [3, ms]",
             value,
         )),
     }
@@ -264,6 +277,11 @@ mod tests {
                 remaining: Duration::MAX,
             }))
         );
+        let quarantined = Value::Array(vec![Value::Int(3), Value::Int(1_500)]);
+        assert_eq!(
+            parse_acquire(&quarantined),
+            Ok(AcquireReply::Quarantined(Duration::from_millis(1_500)))
+        );
         let huge = Value::Array(vec![Value::Int(2), bulk("18446744073709551615")]);
         assert_eq!(
             parse_acquire(&huge),
@@ -288,6 +306,9 @@ mod tests {
             Value::Array(vec![Value::Int(1), bulk("5"), Value::Int(300)]),
             Value::Array(vec![Value::Int(1)]),
             Value::Array(vec![Value::Int(3), bulk("5")]),
+            Value::Array(vec![Value::Int(3), Value::Int(0)]),
+            Value::Array(vec![Value::Int(3), Value::Int(-1)]),
+            Value::Array(vec![Value::Int(3), Value::Int(5), Value::Int(5)]),
             Value::Array(vec![bulk("1"), bulk("5")]),
             Value::Array(vec![Value::Int(0)]),
             Value::Array(vec![Value::Int(0), bulk("5"), bulk("id"), Value::Int(-2)]),

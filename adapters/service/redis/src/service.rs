@@ -9,7 +9,7 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 
 use crate::error::{Op, ProtocolError, RedisLockError};
-use crate::keys::{FenceKey, FencedKeys, LockKey};
+use crate::keys::{EpochScope, FenceKey, FencedKeys, LockKey};
 use crate::scripts::{self, AcquireReply, ValuePrefix};
 
 /// How many script calls one service (all its clones) keeps on the wire at once by
@@ -27,6 +27,11 @@ use crate::scripts::{self, AcquireReply, ValuePrefix};
 /// Redis will still run it: while Redis is stalled, each round of timeouts can add
 /// up to this many more to its queue (rather than every retry of every lease).
 pub const MAX_IN_FLIGHT: usize = 1024;
+
+/// The longest TTL an acquire may ask for by default, and so the quarantine after
+/// Redis lost its data ([`with_max_ttl`](RedisLockService::with_max_ttl)); the same as
+/// `leasehold-resp`'s, so that both kinds of client of one Redis agree.
+pub const DEFAULT_MAX_TTL: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The script arguments of a call that has none.
 const NO_ARGS: &[&str; 0] = &[];
@@ -51,6 +56,7 @@ const NO_ARGS: &[&str; 0] = &[];
 pub struct RedisLockService<C = ConnectionManager> {
     conn: C,
     request_timeout: Option<std::time::Duration>,
+    max_ttl: Duration,
     shared: Arc<Shared>,
     /// Permits to have a script call on the wire ([`MAX_IN_FLIGHT`] by default).
     in_flight: Arc<tokio::sync::Semaphore>,
@@ -67,6 +73,11 @@ struct Shared {
     raise_fence: Script,
     fenced_write: Script,
     reloads: AtomicU64,
+    /// Where each lock's epoch marker lives.
+    epoch: EpochScope,
+    /// The marker of each slot met so far (a cluster's).
+    #[cfg(feature = "cluster")]
+    slot_epochs: std::sync::Mutex<std::collections::HashMap<u16, Arc<str>>>,
 }
 
 struct Script {
@@ -88,6 +99,7 @@ impl<C> std::fmt::Debug for RedisLockService<C> {
         f.debug_struct("RedisLockService")
             .field("endpoint", &self.shared.endpoint)
             .field("request_timeout", &self.request_timeout)
+            .field("max_ttl", &self.max_ttl)
             .field(
                 "script_reloads",
                 &self.shared.reloads.load(Ordering::Relaxed),
@@ -112,6 +124,13 @@ pub enum Acquired {
     },
     /// Somebody else holds it: who, with which fence, for how much longer.
     HeldByAnother(Holder),
+    /// Nobody holds it, but Redis may have lost grants that are still alive (it
+    /// restarted, was restored, or a replica took over): nothing is granted for
+    /// `remaining` (see [`with_max_ttl`](RedisLockService::with_max_ttl)).
+    Quarantined {
+        /// Until the quarantine ends, on Redis's clock.
+        remaining: Duration,
+    },
 }
 
 /// The answer to [`RedisLockService::try_renew`].
@@ -155,7 +174,16 @@ where
         conn: C,
         endpoint: &str,
     ) -> Result<RedisLockService<C>, RedisLockError> {
-        let service = RedisLockService::unloaded(conn, endpoint);
+        RedisLockService::loaded(conn, endpoint, EpochScope::DataSet).await
+    }
+
+    /// The service on `conn`, its scripts loaded, keeping epoch markers by `epoch`.
+    pub(crate) async fn loaded(
+        conn: C,
+        endpoint: &str,
+        epoch: EpochScope,
+    ) -> Result<RedisLockService<C>, RedisLockError> {
+        let service = RedisLockService::unloaded(conn, endpoint, epoch);
         let shared = &service.shared;
         for script in [
             &shared.acquire,
@@ -172,10 +200,11 @@ where
 
     /// The service on `conn`, the scripts not loaded: the first `EVALSHA` of each
     /// meets `NOSCRIPT` and loads it.
-    pub(crate) fn unloaded(conn: C, endpoint: &str) -> RedisLockService<C> {
+    pub(crate) fn unloaded(conn: C, endpoint: &str, epoch: EpochScope) -> RedisLockService<C> {
         RedisLockService {
             conn,
             request_timeout: None,
+            max_ttl: Duration::from(DEFAULT_MAX_TTL),
             shared: Arc::new(Shared {
                 endpoint: endpoint.to_owned(),
                 acquire: Script::new(scripts::ACQUIRE),
@@ -185,6 +214,9 @@ where
                 raise_fence: Script::new(scripts::RAISE_FENCE),
                 fenced_write: Script::new(scripts::FENCED_WRITE),
                 reloads: AtomicU64::new(0),
+                epoch,
+                #[cfg(feature = "cluster")]
+                slot_epochs: std::sync::Mutex::default(),
             }),
             in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
         }
@@ -195,6 +227,31 @@ where
     pub fn with_request_timeout(mut self, timeout: Option<std::time::Duration>) -> Self {
         self.request_timeout = timeout;
         self
+    }
+
+    /// The longest TTL an acquire may ask for (default [`DEFAULT_MAX_TTL`], 30 s); a
+    /// longer one is refused before anything is sent
+    /// ([`RedisLockError::TtlAboveMax`], a final refusal).
+    ///
+    /// It is also the **quarantine**: after Redis lost grants that may still be alive
+    /// — a restart without persistence or from an older snapshot or a lossy AOF, a
+    /// replica promoted before the latest grants reached it, a flushed data set — no
+    /// free key is granted for this long, so that every grant Redis may have forgotten
+    /// has expired first ([`Acquired::Quarantined`]; see
+    /// [`lua::ACQUIRE`](crate::lua::ACQUIRE) for how a loss is recognised). Renewals
+    /// of grants that survived go on meanwhile. Give every client of one Redis the
+    /// same value, at least the longest TTL any of them asks for: a client with a
+    /// shorter one would end a quarantine too early for the others' grants.
+    #[must_use]
+    pub fn with_max_ttl(mut self, max_ttl: std::time::Duration) -> Self {
+        self.max_ttl = Duration::from(max_ttl);
+        self
+    }
+
+    /// The longest TTL an acquire may ask for, and the quarantine after a loss of
+    /// state ([`with_max_ttl`](Self::with_max_ttl)).
+    pub fn max_ttl(&self) -> std::time::Duration {
+        self.max_ttl.into()
     }
 
     /// Keeps at most `calls` script calls on the wire at once (all clones made after
@@ -237,14 +294,17 @@ where
     ) -> Result<Acquired, RedisLockError> {
         let op = Op::Acquire;
         let name = checked(op, name)?;
+        self.within_max_ttl(op, ttl)?;
         let (ms, applied) = ttl_ms(ttl);
+        let quarantine = ttl_ms(self.max_ttl).0;
         let encoded = token.encode();
+        let epoch = self.epoch_key(name);
         let value = self
             .eval(
                 op,
                 &self.shared.acquire,
-                (LockKey(name), FenceKey(name)),
-                (encoded.as_str(), ms, identity.as_str()),
+                (LockKey(name), FenceKey(name), &*epoch),
+                (encoded.as_str(), ms, identity.as_str(), quarantine),
             )
             .await?;
         Ok(
@@ -255,8 +315,45 @@ where
                     regranted,
                 },
                 AcquireReply::HeldByAnother(holder) => Acquired::HeldByAnother(holder),
+                AcquireReply::Quarantined(remaining) => Acquired::Quarantined { remaining },
             },
         )
+    }
+
+    /// Refuses a TTL above `max_ttl`: a grant (or a renewal) longer than the quarantine
+    /// could outlive it.
+    fn within_max_ttl(&self, op: Op, ttl: Duration) -> Result<(), RedisLockError> {
+        if ttl > self.max_ttl {
+            return Err(RedisLockError::TtlAboveMax {
+                op,
+                asked: ttl.into(),
+                max: self.max_ttl.into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The epoch marker that guards lock `name` (a checked name).
+    fn epoch_key(&self, name: &str) -> Arc<str> {
+        #[cfg(not(feature = "cluster"))]
+        let _ = name;
+        match self.shared.epoch {
+            EpochScope::DataSet => Arc::from(scripts::EPOCH_KEY),
+            #[cfg(feature = "cluster")]
+            EpochScope::Slot => {
+                let slot = crate::keys::slot_of(format!("{{{name}}}").as_bytes());
+                let mut known = self
+                    .shared
+                    .slot_epochs
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                Arc::clone(
+                    known
+                        .entry(slot)
+                        .or_insert_with(|| Arc::from(crate::keys::slot_epoch_key(slot))),
+                )
+            }
+        }
     }
 
     /// Replaces the expiry of lock `name` with now + `ttl` (whole milliseconds,
@@ -271,6 +368,7 @@ where
     ) -> Result<Renewed, RedisLockError> {
         let op = Op::Renew;
         let name = checked(op, name)?;
+        self.within_max_ttl(op, ttl)?;
         let (ms, applied) = ttl_ms(ttl);
         let prefix = ValuePrefix {
             token,

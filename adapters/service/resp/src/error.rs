@@ -11,6 +11,10 @@ use leasehold::{Indeterminate, KeyError, Refusal};
 pub enum Error {
     /// The key breaks [`leasehold::check_key`]: refused before anything is sent.
     InvalidKey(KeyError),
+    /// An acquire or a renewal asked for a TTL above the service's
+    /// [`max_ttl`](crate::RespLockService::with_max_ttl), which its quarantine after a
+    /// loss of state would not cover: refused before anything is sent.
+    TtlAboveMax,
     /// The connection factory failed to connect.
     Connect,
     /// The connection failed while sending or reading.
@@ -127,6 +131,7 @@ impl Error {
     pub fn refusal(&self) -> Option<Refusal> {
         match self {
             Error::InvalidKey(_) => Some(Refusal::InvalidKey),
+            Error::TtlAboveMax => Some(Refusal::Unsupported),
             Error::Server(e) => e.refusal(),
             Error::AuthRefused(_) => Some(Refusal::Unauthorized),
             _ => None,
@@ -151,6 +156,9 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::InvalidKey(e) => write!(f, "{e}"),
+            Error::TtlAboveMax => f.write_str(
+                "the TTL asked for is above the service's max_ttl, which its quarantine covers",
+            ),
             Error::Connect => {
                 f.write_str("cannot connect to Redis (the connection factory failed)")
             }

@@ -6,17 +6,19 @@ use leasehold::{Duration, Fence, Holder, Identity};
 use crate::error::{Error, ProtocolError};
 use crate::resp::{fence_digits, Items, Reply, Scalar};
 
-/// What the acquire script answered: a grant's fence, or who holds the key.
+/// What the acquire script answered: a grant's fence, who holds the key, or how long
+/// the data set's quarantine lasts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Acquired {
     Granted(Fence),
     HeldByAnother(Holder),
+    Quarantined(Duration),
 }
 
 const UNEXPECTED: Error = Error::Protocol(ProtocolError::Unexpected);
 
-/// `{1, fence}` / `{2, fence}` (granted, or granted again to the same token) or
-/// `{0, fence, identity, pttl}`.
+/// `{1, fence}` / `{2, fence}` (granted, or granted again to the same token),
+/// `{0, fence, identity, pttl}` or `{3, ms}` (quarantine).
 pub(crate) fn acquire(reply: Reply<'_>) -> Result<Acquired, Error> {
     let Reply::Array(mut items) = reply else {
         return Err(UNEXPECTED);
@@ -24,6 +26,12 @@ pub(crate) fn acquire(reply: Reply<'_>) -> Result<Acquired, Error> {
     match (items.len(), items.next()) {
         (2, Some(Scalar::Int(1 | 2))) => Ok(Acquired::Granted(fence(items.next())?)),
         (4, Some(Scalar::Int(0))) => Ok(Acquired::HeldByAnother(holder(items)?)),
+        (2, Some(Scalar::Int(3))) => match items.next() {
+            Some(Scalar::Int(ms)) if ms > 0 => Ok(Acquired::Quarantined(Duration::from_millis(
+                ms.unsigned_abs(),
+            ))),
+            _ => Err(UNEXPECTED),
+        },
         _ => Err(UNEXPECTED),
     }
 }
@@ -101,6 +109,10 @@ mod tests {
                 remaining: Duration::MAX,
             }))
         );
+        assert_eq!(
+            acquire(reply(b"*2\r\n:3\r\n:1500\r\n")),
+            Ok(Acquired::Quarantined(Duration::from_millis(1_500)))
+        );
         for garbage in [
             &b"+OK\r\n"[..],
             b"$-1\r\n",
@@ -112,6 +124,9 @@ mod tests {
             b"*3\r\n:1\r\n$1\r\n5\r\n:300\r\n",
             b"*1\r\n:1\r\n",
             b"*2\r\n:3\r\n$1\r\n5\r\n",
+            b"*2\r\n:3\r\n:0\r\n",
+            b"*2\r\n:3\r\n:-5\r\n",
+            b"*3\r\n:3\r\n:5\r\n:5\r\n",
             b"*2\r\n$1\r\n1\r\n$1\r\n5\r\n",
             b"*2\r\n:1\r\n:5\r\n",
             b"*4\r\n:0\r\n$1\r\n5\r\n$2\r\nid\r\n:-2\r\n",

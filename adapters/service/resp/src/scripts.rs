@@ -31,25 +31,42 @@ macro_rules! lock_value_pattern {
     };
 }
 
-/// `KEYS[1]` lock key, `KEYS[2]` fence counter; `ARGV[1]` owner token, `ARGV[2]` TTL in
-/// ms, `ARGV[3]` the holder's identity.
+/// `KEYS[1]` lock key, `KEYS[2]` fence counter, `KEYS[3]` the data set's epoch marker
+/// ([`EPOCH_KEY`]); `ARGV[1]` owner token, `ARGV[2]` TTL in ms, `ARGV[3]` the holder's
+/// identity, `ARGV[4]` the quarantine in ms (the longest TTL any client of this Redis
+/// asks for).
 ///
 /// Answers `{1, fence}` for a new grant (the counter raised, then `SET` of the lock
 /// key with `PX`), `{2, fence}` when the token already held the key (an earlier
-/// attempt whose answer was lost: same fence, expiry reset with `PEXPIRE`), and
-/// `{0, fence, identity, pttl}` when another token holds it. Fences travel as decimal
-/// strings, exact beyond Lua's 2^53.
+/// attempt whose answer was lost: same fence, expiry reset with `PEXPIRE`),
+/// `{0, fence, identity, pttl}` when another token holds it, and `{3, ms}` while the
+/// data set is in quarantine: nothing is granted for `ms` more. Fences travel as
+/// decimal strings, exact beyond Lua's 2^53.
+///
+/// **Quarantine.** A Redis that lost grants which are still alive — restarted without
+/// persistence or from an older snapshot or a lossy AOF, a replica promoted before the
+/// latest grants reached it, a data set flushed — must grant no free key until every
+/// grant it may have forgotten has expired, or a second client would hold a key whose
+/// first holder still believes in it. The marker `KEYS[3]` holds `<run_id> <end>`: the
+/// `run_id` of the Redis process that last started an epoch (`INFO server`: every
+/// start of a process, and every replica, has its own) and when that epoch's
+/// quarantine ends (ms on Redis's clock, `TIME`). A grant of a free key first reads
+/// it: missing (a new or emptied data set), written by another process (a restart, a
+/// promoted replica) or unreadable, it starts a new epoch whose quarantine ends
+/// `ARGV[4]` ms from now, and answers `{3, ARGV[4]}`; until the end, `{3, ms left}`.
+/// A key held by a live grant needs no quarantine (its holder renews it, or it
+/// expires), so renewals, re-grants to the same token and "held by another" answers
+/// never read the marker.
 ///
 /// A new grant's fence is the larger of the counter + 1 (`INCR`) and Redis's clock in
 /// µs since the Unix epoch (`TIME`, about 1.8 × 10^15 in 2027): a Redis that lost the
-/// counter (a restart without persistence, a snapshot restored, a replica promoted
-/// before the last grant reached it) still hands out fences above every earlier one,
-/// as long as its wall clock has not gone back by more than the time since that
-/// grant. The counter decides while it is ahead of the clock, so fences strictly
-/// increase whatever the clock does. (`redis.replicate_commands()` lets a write follow
-/// `TIME` on Redis 5 and 6; Redis 7 always replicates a script's effects.) Errors: `LEASEHOLD` (the lock key or the counter
-/// holds a value leasehold did not write), `LEASEHOLD_EXHAUSTED` (the counter is at
-/// 2^63 - 1, where `INCR` stops).
+/// counter still hands out fences above every earlier one, as long as its wall clock
+/// has not gone back by more than the time since that grant. The counter decides
+/// while it is ahead of the clock, so fences strictly increase whatever the clock
+/// does. (`redis.replicate_commands()` lets a write follow `TIME` and `INFO` on Redis 5
+/// and 6; Redis 7 always replicates a script's effects.) Errors: `LEASEHOLD` (the lock
+/// key or the counter holds a value leasehold did not write), `LEASEHOLD_EXHAUSTED`
+/// (the counter is at 2^63 - 1, where `INCR` stops).
 pub const ACQUIRE: &str = concat!(
     r"local v=redis.call('GET',KEYS[1])
 if v then
@@ -71,6 +88,17 @@ return redis.error_reply('LEASEHOLD the fence counter is not a non-negative inte
 end
 if redis.replicate_commands then redis.replicate_commands() end
 local t=redis.call('TIME')
+local n=t[1]*1000+math.floor(t[2]/1000)
+local r=string.match(redis.call('INFO','server'),'run_id:(%x+)') or ''
+local e=redis.call('GET',KEYS[3])
+local q=e and string.match(e,'^'..r..' (%d+)$')
+if not q then
+q=n+ARGV[4]
+redis.call('SET',KEYS[3],r..' '..q)
+end
+if q-n>0 then
+return {3,q-n}
+end
 local m=t[1]..string.sub('00000'..t[2],-6)
 if not c or #c<#m or (#c==#m and c<m) then
 redis.call('SET',KEYS[2],m)
@@ -83,6 +111,11 @@ local f=redis.call('GET',KEYS[2])
 redis.call('SET',KEYS[1],ARGV[1]..'\n'..f..'\n'..ARGV[3],'PX',ARGV[2])
 return {1,f}"
 );
+
+/// The epoch marker of a standalone Redis: one key for the whole data set (see
+/// [`ACQUIRE`]). No lock's keys are named `{…}:epoch`, so it is never one of them. (On Redis Cluster, `leasehold-redis` keeps one
+/// marker per slot, in the slot of the lock it guards.)
+pub const EPOCH_KEY: &str = "{leasehold}:epoch";
 
 /// `KEYS[1]` lock key; `ARGV[1]` `<token>\n<fence>\n` (the start of the value of the
 /// grant being renewed), `ARGV[2]` TTL in ms.
@@ -192,7 +225,7 @@ pub(crate) const RELEASE_PAIR: Script = (RELEASE, RELEASE_SHA);
 pub(crate) const HOLDER_PAIR: Script = (HOLDER, HOLDER_SHA);
 
 /// SHA1 of [`ACQUIRE`], lowercase hex: what `EVALSHA` names it by.
-pub const ACQUIRE_SHA: &str = "f10a070c4e75a91729d030ca99d8934c97babeab";
+pub const ACQUIRE_SHA: &str = "91524821773c4c668558a3067b9a441d469c4027";
 /// SHA1 of [`RENEW`].
 pub const RENEW_SHA: &str = "50643318fe78c93e1b31fd505c872444956857d2";
 /// SHA1 of [`RELEASE`].

@@ -28,6 +28,11 @@ pub const DEFAULT_WRITE_BUFFER: usize = 128;
 /// The request timeout unless [`RespLockService::with_request_timeout`] sets one.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The longest TTL an acquire may ask for unless [`RespLockService::with_max_ttl`]
+/// sets another, and so the quarantine after Redis lost its data (the same default as
+/// `leasehold-redis`, so that both kinds of client of one Redis agree).
+pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(30);
+
 /// Credentials for `AUTH`, sent on every new connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Auth<'a> {
@@ -61,6 +66,7 @@ pub struct RespLockService<
 > {
     clock: K,
     request_timeout: Duration,
+    max_ttl: Duration,
     auth: Option<Auth<'a>>,
     connects: Cell<u32>,
     reloads: Cell<u32>,
@@ -91,6 +97,8 @@ pub(crate) enum Request<'r> {
         token: &'r EncodedToken,
         ms: u64,
         identity: &'r [u8],
+        /// The quarantine after a loss of state, ms (see `scripts::ACQUIRE`).
+        quarantine: u64,
         script: Script,
     },
     Renew {
@@ -134,7 +142,7 @@ impl<'r> Request<'r> {
     /// How many arguments the command has.
     fn args(&self) -> usize {
         match self {
-            Request::Acquire { .. } => 8,
+            Request::Acquire { .. } => 10,
             Request::Renew { .. } => 6,
             Request::Release { .. } => 5,
             Request::Holder { .. } => 4,
@@ -161,7 +169,7 @@ impl<'r> Request<'r> {
             (Request::Auth(&Auth { password, .. }), _) => out.put(password.as_bytes()),
             (_, 0) => out.put(b"EVALSHA"),
             (_, 1) => out.put(self.script().map_or("", |s| s.1).as_bytes()),
-            (Request::Acquire { .. }, 2) => out.put(b"2"),
+            (Request::Acquire { .. }, 2) => out.put(b"3"),
             (_, 2) => out.put(b"1"),
             (
                 Request::Acquire { key, .. }
@@ -179,9 +187,11 @@ impl<'r> Request<'r> {
                 out.put(key.as_bytes());
                 out.put(b"}:fence");
             }
-            (Request::Acquire { token, .. }, 5) => out.put(token.as_bytes()),
-            (Request::Acquire { ms, .. } | Request::Renew { ms, .. }, 6 | 5) => out.number(ms),
-            (Request::Acquire { identity, .. }, _) => out.put(identity),
+            (Request::Acquire { .. }, 5) => out.put(scripts::EPOCH_KEY.as_bytes()),
+            (Request::Acquire { token, .. }, 6) => out.put(token.as_bytes()),
+            (Request::Acquire { ms, .. }, 7) | (Request::Renew { ms, .. }, 5) => out.number(ms),
+            (Request::Acquire { identity, .. }, 8) => out.put(identity),
+            (Request::Acquire { quarantine, .. }, _) => out.number(quarantine),
             // `<token>\n<fence>\n`: the start of the value of this very grant.
             (Request::Renew { token, fence, .. }, _) => {
                 out.put(token.as_bytes());
@@ -237,6 +247,7 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
         RespLockService {
             clock,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            max_ttl: DEFAULT_MAX_TTL,
             auth: None,
             connects: Cell::new(0),
             reloads: Cell::new(0),
@@ -261,6 +272,19 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
     #[must_use]
     pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = timeout;
+        self
+    }
+
+    /// The longest TTL an acquire or a renewal may ask for (default
+    /// [`DEFAULT_MAX_TTL`]); a longer one is refused ([`Error::TtlAboveMax`]) before
+    /// anything is sent. It is also the
+    /// quarantine: after Redis lost its data (a restart without persistence, an older
+    /// snapshot, a promoted replica), no free key is granted for this long, so that
+    /// every grant Redis may have forgotten has expired first. Give every client of
+    /// one Redis the same value, at least the longest TTL any of them asks for.
+    #[must_use]
+    pub fn with_max_ttl(mut self, max_ttl: Duration) -> Self {
+        self.max_ttl = max_ttl;
         self
     }
 
@@ -338,6 +362,10 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
         let key = op.key();
         leasehold::check_key(key).map_err(Error::InvalidKey)?;
         let token = &op.token().encode();
+        // A grant (or a renewal) longer than the quarantine could outlive it.
+        if op.ttl() > self.max_ttl {
+            return Err(Error::TtlAboveMax);
+        }
         let (ms, applied) = ttl_ms(op.ttl());
         let request = match op {
             Op::Acquire { identity, .. } => Request::Acquire {
@@ -345,6 +373,7 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
                 token,
                 ms,
                 identity: identity.as_bytes(),
+                quarantine: ttl_ms(self.max_ttl).0,
                 script,
             },
             Op::Renew { fence, .. } => Request::Renew {
@@ -460,6 +489,9 @@ fn answer(
                     ttl: applied,
                 },
                 Acquired::HeldByAnother(holder) => leasehold::AcquireOutcome::HeldByAnother(holder),
+                Acquired::Quarantined(left) => {
+                    leasehold::AcquireOutcome::HeldByAnother(Holder::quarantine(left))
+                }
             })
         }),
         Op::Renew { .. } => replies::flag(reply).map(|renewed| {
@@ -646,11 +678,13 @@ mod tests {
                 token: &token,
                 ms: 300,
                 identity: b"dev",
+                quarantine: 30_000,
                 script: scripts::ACQUIRE_PAIR,
             }),
             std::format!(
-                "*8\r\n$7\r\nEVALSHA\r\n$40\r\n{sha}\r\n$1\r\n2\r\n$3\r\n{{k}}\r\n\
-                 $9\r\n{{k}}:fence\r\n$35\r\n{t}\r\n$3\r\n300\r\n$3\r\ndev\r\n"
+                "*10\r\n$7\r\nEVALSHA\r\n$40\r\n{sha}\r\n$1\r\n3\r\n$3\r\n{{k}}\r\n\
+                 $9\r\n{{k}}:fence\r\n$17\r\n{{leasehold}}:epoch\r\n$35\r\n{t}\r\n\
+                 $3\r\n300\r\n$3\r\ndev\r\n$5\r\n30000\r\n"
             )
         );
         let sha = scripts::RENEW_SHA;

@@ -46,6 +46,7 @@ pub use clauses::names::{
     identities_round_trip, invalid_keys_are_refused, keys_that_share_a_prefix_are_separate,
     odd_but_valid_keys_work_end_to_end,
 };
+pub use clauses::quarantine::a_lost_state_grants_nothing_until_the_quarantine_ends;
 pub use clauses::release::{
     holder_reports_and_changes_nothing, release_by_another_token_is_not_owner,
     release_by_the_holder_frees_the_key,

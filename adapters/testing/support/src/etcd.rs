@@ -75,13 +75,27 @@ impl EtcdCluster {
         EtcdCluster::start(1, Timing::FAST)
     }
 
-    /// `size` members (1 or 3 in practice) on loopback, all started, each healthy.
+    /// `size` members (1 or 3 in practice) on loopback, all started, each healthy,
+    /// the data set marked new ([`mark_data_set_new`](Self::mark_data_set_new)), as an
+    /// operator may for a new deployment: its first grant is immediate.
     ///
     /// # Panics
     ///
     /// When `etcd` is not installed (naming the package) or a member is not healthy
     /// within 20 s (with its log).
     pub fn start(size: usize, timing: Timing) -> EtcdCluster {
+        let cluster = EtcdCluster::start_unmarked(size, timing);
+        cluster.mark_data_set_new();
+        cluster
+    }
+
+    /// [`start`](Self::start) without marking the data set new: the first grant
+    /// waits the client's quarantine, as on an etcd that lost its data.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_unmarked(size: usize, timing: Timing) -> EtcdCluster {
         assert!(size > 0, "a cluster has at least one member");
         let mut cluster = EtcdCluster {
             members: Vec::new(),
@@ -233,6 +247,72 @@ impl EtcdCluster {
         self.wait_healthy(i);
     }
 
+    /// Writes the epoch marker a leasehold client keeps (`{leasehold}epoch`, see
+    /// `leasehold-etcd`'s epoch docs) as `0 0`: a data set that cannot hold a
+    /// forgotten grant, whose cluster and term the next grant records.
+    ///
+    /// # Panics
+    ///
+    /// When no running member accepts the write.
+    pub fn mark_data_set_new(&self) {
+        let written = (0..self.size())
+            .filter(|&i| self.is_running(i))
+            .any(|i| put(self.client_port(i), b"{leasehold}epoch", b"0 0"));
+        assert!(written, "marking the etcd data set new");
+    }
+
+    /// `etcdctl snapshot save` of member `i` into `file` (Debian package
+    /// `etcd-client`).
+    ///
+    /// # Panics
+    ///
+    /// When `etcdctl` is missing or fails.
+    pub fn save_snapshot(&self, i: usize, file: &Path) {
+        let etcdctl = binary("etcdctl", "etcd-client").unwrap_or_else(|e| panic!("{e}"));
+        let out = Command::new(etcdctl)
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &self.endpoint(i), "snapshot", "save"])
+            .arg(file)
+            .output()
+            .expect("run etcdctl");
+        assert!(out.status.success(), "etcdctl snapshot save: {out:?}");
+    }
+
+    /// Restores the one member of a single-member cluster from `file` as an operator
+    /// would: kills it, `etcdctl snapshot restore` into a new data directory with the
+    /// member's own name, peer URL and cluster token (so the cluster keeps its id),
+    /// swaps it in, starts the member and waits until it is healthy.
+    ///
+    /// # Panics
+    ///
+    /// With more than one member, or when `etcdctl` or the start fails.
+    pub fn restore_snapshot(&mut self, file: &Path) {
+        assert_eq!(self.size(), 1, "restore_snapshot restores a single member");
+        let etcdctl = binary("etcdctl", "etcd-client").unwrap_or_else(|e| panic!("{e}"));
+        self.kill(0);
+        let data_dir = self.data_dir(0);
+        let restored = data_dir.with_extension("restored");
+        let _ = std::fs::remove_dir_all(&restored);
+        let peer = format!("http://127.0.0.1:{}", self.members[0].peer_port);
+        let out = Command::new(etcdctl)
+            .env("ETCDCTL_API", "3")
+            .args(["snapshot", "restore"])
+            .arg(file)
+            .arg("--data-dir")
+            .arg(&restored)
+            .args(["--name", &self.members[0].name])
+            .args(["--initial-cluster", &self.initial_cluster()])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster-token", &self.token()])
+            .output()
+            .expect("run etcdctl");
+        assert!(out.status.success(), "etcdctl snapshot restore: {out:?}");
+        std::fs::remove_dir_all(&data_dir).expect("remove the old data directory");
+        std::fs::rename(&restored, &data_dir).expect("swap in the restored data");
+        self.start_member(0);
+        self.wait_healthy(0);
+    }
+
     /// The index of the leader, as every running member agrees; waits up to `limit`
     /// for an election to settle.
     ///
@@ -288,6 +368,14 @@ impl EtcdCluster {
         peers.join(",")
     }
 
+    /// The cluster token: the scratch directory's name, unique per cluster.
+    fn token(&self) -> String {
+        self.dir()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
     fn spawn(&mut self, i: usize) -> Result<(), String> {
         let etcd = binary("etcd", "etcd-server").unwrap_or_else(|e| panic!("{e}"));
         let log = std::fs::OpenOptions::new()
@@ -296,11 +384,7 @@ impl EtcdCluster {
             .open(self.log_path(i))
             .map_err(|e| format!("cannot open the etcd log: {e}"))?;
         let initial_cluster = self.initial_cluster();
-        let token = self
-            .dir()
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let token = self.token();
         let data_dir = self.data_dir(i);
         let member = &self.members[i];
         let client = format!("http://127.0.0.1:{}", member.client_port);
@@ -374,6 +458,50 @@ fn health(port: u16) -> Option<String> {
     reply.split("\r\n\r\n").nth(1).map(str::to_owned)
 }
 
+/// `PUT key = value` through the JSON gateway (`/v3/kv/put`); whether it was accepted.
+fn put(port: u16, key: &[u8], value: &[u8]) -> bool {
+    let body = format!(
+        "{{\"key\":\"{}\",\"value\":\"{}\"}}",
+        base64(key),
+        base64(value)
+    );
+    let request = format!(
+        "POST /v3/kv/put HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut reply = String::new();
+    let _ = stream.read_to_string(&mut reply);
+    reply.starts_with("HTTP/1.1 200") && reply.contains("\"revision\"")
+}
+
+/// Standard base64, padded: what the gateway takes for bytes.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 /// The member's own id and its leader's id, from the JSON gateway's
 /// `/v3/maintenance/status` (no gRPC client needed); `None` if it did not answer
 /// within a second.
@@ -420,6 +548,15 @@ mod tests {
     fn min_ttls_follow_the_timing() {
         assert_eq!(Timing::FAST.min_ttl_secs(), 1);
         assert_eq!(Timing::SLOW.min_ttl_secs(), 3);
+    }
+
+    #[test]
+    fn base64_pads_like_the_standard() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"{leasehold}epoch"), "e2xlYXNlaG9sZH1lcG9jaA==");
     }
 
     #[test]

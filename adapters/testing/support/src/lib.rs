@@ -21,6 +21,8 @@
 //!   fences against a fenced store, and the check that it never admitted an older
 //!   fence after a newer one.
 //! * [`wait_for`] — the bounded, event-driven wait used instead of bare sleeps.
+//! * [`Contest`] — holders and contenders on a few keys through `leasehold-tokio`,
+//!   with every client's `check()` sampled every millisecond: never two per key.
 //! * [`Candidates`] — election candidates, each through its own service, with the
 //!   "at most one leader at a time" check sampled while waiting for a new leader.
 //!
@@ -32,6 +34,7 @@
 
 pub mod bench;
 mod binary;
+pub mod contest;
 mod dirs;
 pub mod election;
 pub mod etcd;
@@ -46,6 +49,7 @@ mod storage;
 mod wait;
 
 pub use binary::{binary, binary_in, MissingBinary};
+pub use contest::{Contest, Outcome as ContestOutcome};
 pub use dirs::{fast_scratch_dir, scratch_dir, ScratchDir};
 pub use election::{Candidates, Elected};
 pub use etcd::{EtcdCluster, Timing};

@@ -34,6 +34,14 @@ pub struct RedisOptions {
     pub cluster: bool,
     /// Also listen for TLS on [`RedisServer::tls_port`] with these PEM files.
     pub tls: Option<TlsFiles>,
+    /// Start without marking the data set as new. By default a primary started by
+    /// [`RedisServer::start_with`] (not a replica, not a cluster node, not a restart)
+    /// gets the epoch marker a leasehold client writes after its quarantine
+    /// (`{leasehold}:epoch` = `<run_id> 0`, see `leasehold_redis::lua::ACQUIRE`), as
+    /// an operator may for a new deployment: its first grant is then immediate. With
+    /// `unmarked`, the first grant waits the client's quarantine, as on a Redis that
+    /// lost its data.
+    pub unmarked: bool,
 }
 
 /// The PEM files of a TLS listener.
@@ -172,7 +180,13 @@ impl RedisServer {
         };
         for attempt in 1.. {
             match server.spawn_and_wait() {
-                Ok(()) => return server,
+                Ok(()) => {
+                    let options = &server.options;
+                    if !(options.unmarked || options.cluster || options.replica_of.is_some()) {
+                        server.mark_data_set_new();
+                    }
+                    return server;
+                }
                 Err(log) if attempt < PORT_RETRIES && log.contains("already in use") => {
                     server.port = free_port();
                     server.tls_port = free_port();
@@ -302,6 +316,27 @@ impl RedisServer {
         };
         let reply = reply.strip_suffix("+OK\r\n").unwrap_or(&reply).to_owned();
         (!reply.is_empty()).then_some(reply)
+    }
+
+    /// Writes the epoch marker of a data set that cannot hold a forgotten grant: this
+    /// process's `run_id` and a quarantine that ended at 0.
+    ///
+    /// # Panics
+    ///
+    /// When the server does not answer.
+    pub fn mark_data_set_new(&self) {
+        let info = self.inline("INFO server").expect("INFO server");
+        let run_id = info
+            .lines()
+            .find_map(|line| line.strip_prefix("run_id:"))
+            .expect("INFO server names the run_id")
+            .trim();
+        let reply = self.inline(&format!("SET {{leasehold}}:epoch \"{run_id} 0\""));
+        assert_eq!(
+            reply.as_deref(),
+            Some("+OK\r\n"),
+            "marking the data set new"
+        );
     }
 
     fn running(&self) -> &Child {

@@ -347,10 +347,12 @@ pub fn proxy_url(proxy: &Proxy) -> String {
     format!("redis://127.0.0.1:{}", proxy.port())
 }
 
-/// The service the tests use: a 2 s request timeout, so nothing waits forever.
+/// The service on `url`, as the fault tests use it: requests bounded by 2 s, and a
+/// quarantine after a loss of state (`max_ttl`) of 1 s, the longest TTL they ask for.
 pub async fn service(url: &str) -> RedisLockService {
     RedisLockService::builder(url)
         .request_timeout(Some(std_ms(2_000)))
+        .max_ttl(std_ms(1_000))
         .connect()
         .await
         .expect("connect to the test redis-server")

@@ -4,6 +4,7 @@ pub mod abandon;
 pub mod expiry;
 pub mod grant;
 pub mod names;
+pub mod quarantine;
 pub mod release;
 pub mod renew;
 pub mod watch;
