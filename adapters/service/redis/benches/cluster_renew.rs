@@ -49,6 +49,11 @@ fn main() {
         let leasehold = RedisLockService::connect_cluster(cluster.urls())
             .await
             .expect("connect leasehold to the cluster");
+        // A new cluster: its first grants wait no quarantine.
+        leasehold
+            .mark_data_set_new()
+            .await
+            .expect("mark every slot's epoch");
         let raw_client = redis::cluster::ClusterClient::builder(cluster.urls())
             .response_timeout(StdDuration::from_secs(1))
             .build()

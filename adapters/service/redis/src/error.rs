@@ -30,6 +30,8 @@ pub enum Op {
     FencedWrite,
     /// [`RedisLockService::fenced_read`](crate::RedisLockService::fenced_read).
     FencedRead,
+    /// [`mark_data_set_new`](crate::RedisLockService::mark_data_set_new).
+    MarkNew,
 }
 
 impl fmt::Display for Op {
@@ -43,6 +45,7 @@ impl fmt::Display for Op {
             Op::RaiseFence => "raise fence",
             Op::FencedWrite => "fenced write",
             Op::FencedRead => "fenced read",
+            Op::MarkNew => "mark the data set new",
         })
     }
 }
@@ -275,7 +278,9 @@ impl RedisLockError {
             | (ErrorKind::Server(ServerErrorKind::NoPerm), _)
             | (_, "WRONGPASS" | "NOAUTH" | "NOPERM") => Some(Refusal::Unauthorized),
             (_, "WRONGTYPE" | "LEASEHOLD") => Some(Refusal::WrongType),
-            (_, "LEASEHOLD_EXHAUSTED") => Some(Refusal::Unsupported),
+            // A standalone client on a cluster node: the lock's keys and the data set's
+            // epoch marker are in different slots.
+            (_, "LEASEHOLD_EXHAUSTED" | "CROSSSLOT") => Some(Refusal::Unsupported),
             _ => None,
         };
         if let Some(refusal) = refusal {
@@ -286,6 +291,10 @@ impl RedisLockError {
                     "WRONGPASS".to_owned(),
                     "(to the AUTH of the connection handshake)".to_owned(),
                 )
+            } else if code == "CROSSSLOT" {
+                let hint = "; this Redis runs in cluster mode: connect with \
+                            RedisLockService::connect_cluster (feature `cluster`)";
+                (code, format!("{message}{hint}"))
             } else {
                 (code, message)
             };

@@ -32,7 +32,7 @@ pub use service::{Acquired, RedisLockService, Released, Renewed, DEFAULT_MAX_TTL
 /// arguments and answers.
 pub mod lua {
     pub use crate::scripts::{
-        ACQUIRE, EPOCH_KEY, FENCED_WRITE, HOLDER, RAISE_FENCE, RELEASE, RENEW,
+        ACQUIRE, EPOCH_KEY, FENCED_WRITE, HOLDER, NEW_EPOCH, RAISE_FENCE, RELEASE, RENEW,
     };
 }
 

@@ -26,7 +26,7 @@ use crate::keys::write_arg;
 /// The scripts themselves live in `leasehold-resp` (no_std), the one source both
 /// services load: the same text, so the same SHA1.
 pub use leasehold_resp::scripts::{
-    ACQUIRE, EPOCH_KEY, FENCED_WRITE, HOLDER, RAISE_FENCE, RELEASE, RENEW,
+    ACQUIRE, EPOCH_KEY, FENCED_WRITE, HOLDER, NEW_EPOCH, RAISE_FENCE, RELEASE, RENEW,
 };
 
 /// The start of the lock value that renew and release compare: `<token>\n<fence>\n`

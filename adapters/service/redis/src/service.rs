@@ -333,6 +333,45 @@ where
         Ok(())
     }
 
+    /// Marks the data set as new: no quarantine before the next grant.
+    ///
+    /// For a Redis (or Redis Cluster) that has never held a grant of any client — a
+    /// new deployment — so that its first grant does not wait
+    /// [`max_ttl`](Self::with_max_ttl). Never call
+    /// it after Redis lost data, restarted, or failed over: the quarantine is what
+    /// keeps a second holder out then. On a cluster it marks every slot (16,384
+    /// script calls).
+    pub async fn mark_data_set_new(&self) -> Result<(), RedisLockError> {
+        let markers: Vec<Arc<str>> = match self.shared.epoch {
+            EpochScope::DataSet => vec![Arc::from(scripts::EPOCH_KEY)],
+            #[cfg(feature = "cluster")]
+            EpochScope::Slot => (0..16_384u16)
+                .map(|slot| Arc::from(crate::keys::slot_epoch_key(slot)))
+                .collect(),
+        };
+        let op = Op::MarkNew;
+        let endpoint = self.shared.endpoint.as_str();
+        for marker in markers {
+            let call = async {
+                let mut conn = self.conn.clone();
+                redis::cmd("EVAL")
+                    .arg(scripts::NEW_EPOCH)
+                    .arg(1)
+                    .arg(&*marker)
+                    .query_async::<Value>(&mut conn)
+                    .await
+                    .map_err(|e| RedisLockError::from_redis(op, endpoint, e))
+            };
+            match self.bounded(op, call).await? {
+                Value::Okay => {}
+                other => {
+                    return Err(self.protocol(ProtocolError::new(op, "OK", &other)));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The epoch marker that guards lock `name` (a checked name).
     fn epoch_key(&self, name: &str) -> Arc<str> {
         #[cfg(not(feature = "cluster"))]

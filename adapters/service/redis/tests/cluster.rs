@@ -33,9 +33,17 @@ async fn start_cluster() -> (RedisCluster, Arc<RedisClusterLockService>) {
     let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 1))
         .await
         .unwrap();
+    // TTLs up to 3 s, so the quarantine after a failover (the promoted replica is
+    // another process than the one that started its slots' epochs) lasts 3 s.
     let service = RedisLockService::connect_cluster(cluster.urls())
         .await
-        .expect("connect to the cluster");
+        .expect("connect to the cluster")
+        .with_max_ttl(StdDuration::from_secs(3));
+    // A new cluster: every slot's first grant is immediate.
+    service
+        .mark_data_set_new()
+        .await
+        .expect("mark every slot's epoch");
     (cluster, Arc::new(service))
 }
 

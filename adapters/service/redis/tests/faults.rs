@@ -102,6 +102,12 @@ fn try_write(holder: &Running, storage: &Storage) -> Option<Result<u64, leasehol
         .map(|fence| storage.write(fence))
 }
 
+/// The service these tests use (it shadows `common::service`): TTLs up to 1 s, the
+/// longest they ask for, so the quarantine after a restart or a failover lasts 1 s.
+async fn service(url: &str) -> RedisLockService {
+    service_with_max_ttl(url, std_ms(1_000)).await
+}
+
 fn report(test: &str, line: String) {
     eprintln!("[{test}] {line}");
 }

@@ -236,3 +236,26 @@ fn kill_9_restart_without_persistence_never_lets_two_holders_pass_check() {
         );
     });
 }
+
+/// The marker `mark_data_set_new` writes is the one the acquire script reads, and the
+/// one the test servers start with: a marked Redis grants at once, an unmarked one
+/// quarantines.
+#[test]
+fn a_data_set_marked_new_grants_at_once() {
+    let server = RedisServer::start_with(RedisOptions {
+        unmarked: true,
+        ..RedisOptions::default()
+    });
+    runtime().block_on(async {
+        let service = quarantined_service(&server.url()).await;
+        let token = Owner([2; 16]).token(Term(1));
+        let acquire = || service.try_acquire("k", token, &Identity::EMPTY, ms(100));
+        assert!(matches!(acquire().await, Ok(Acquired::Quarantined { .. })));
+        service.mark_data_set_new().await.unwrap();
+        assert!(matches!(acquire().await, Ok(Acquired::Granted { .. })));
+        service.try_release("k", token).await.unwrap();
+        assert_eq!(server.inline("FLUSHALL").as_deref(), Some("+OK\r\n"));
+        server.mark_data_set_new();
+        assert!(matches!(acquire().await, Ok(Acquired::Granted { .. })));
+    });
+}

@@ -268,8 +268,11 @@ fn a_lazily_connected_service_acquires_once_redis_comes_up_inside_the_wait_bound
             .unwrap();
         assert!(!acquiring.is_finished(), "still trying, not failed");
 
-        // Redis comes up on the same port, after the acquire began.
-        tokio::task::block_in_place(|| server.restart());
+        // A new Redis comes up on the same port, after the acquire began.
+        tokio::task::block_in_place(|| {
+            server.restart();
+            server.mark_data_set_new();
+        });
         let lease = tokio::time::timeout(StdDuration::from_secs(10), acquiring)
             .await
             .expect("granted within 10 s of Redis coming up")

@@ -112,6 +112,12 @@ redis.call('SET',KEYS[1],ARGV[1]..'\n'..f..'\n'..ARGV[3],'PX',ARGV[2])
 return {1,f}"
 );
 
+/// `KEYS[1]` an epoch marker. Marks the data set as new: writes `<run_id> 0`, an epoch
+/// of this Redis process whose quarantine is over, so the next grant is immediate.
+/// For a data set that never held a grant (a new deployment); after a loss of state
+/// it would let a second holder in. Answers `OK`.
+pub const NEW_EPOCH: &str = r"return redis.call('SET',KEYS[1],(string.match(redis.call('INFO','server'),'run_id:(%x+)') or '')..' 0')";
+
 /// The epoch marker of a standalone Redis: one key for the whole data set (see
 /// [`ACQUIRE`]). No lock's keys are named `{…}:epoch`, so it is never one of them. (On Redis Cluster, `leasehold-redis` keeps one
 /// marker per slot, in the slot of the lock it guards.)

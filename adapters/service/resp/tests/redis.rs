@@ -200,14 +200,49 @@ macro_rules! after_reconnect {
     }};
 }
 
+/// TTL and quarantine (`max_ttl`) of the restart tests: short, so they wait little.
+const QUICK: Duration = Duration::from_millis(1_000);
+
+/// A service whose quarantine after a loss of state is [`QUICK`].
+fn quick<'a>(port: u16) -> Service<'a> {
+    service(port).with_max_ttl(QUICK)
+}
+
+/// Acquires `key` for `token` once the quarantine is over, asking every 50 ms for at
+/// most `QUICK` and a second more; the fence and how long the quarantine held it off.
+async fn granted_after_quarantine(
+    s: &Service<'_>,
+    key: &str,
+    token: OwnerToken,
+) -> (Fence, std::time::Duration) {
+    let started = StdInstant::now();
+    loop {
+        match s.acquire(key, token, &id("next"), QUICK).await {
+            AcquireOutcome::Granted { fence, .. } => return (fence, started.elapsed()),
+            AcquireOutcome::HeldByAnother(h) if h.is_quarantine() => {
+                assert!(h.remaining <= QUICK, "{h:?}");
+                assert!(
+                    started.elapsed() < std::time::Duration::from_secs(2),
+                    "{h:?}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            other => panic!("acquire({key:?}) after a restart: {other:?}"),
+        }
+    }
+}
+
 #[tokio::test(flavor = "current_thread")]
-async fn a_restart_without_persistence_loses_the_grant_but_fences_still_increase() {
+async fn a_restart_without_persistence_loses_the_grant_and_quarantines_the_key() {
     let mut server = RedisServer::start();
-    let s = service(server.port());
-    let fence = granted(&s, "k", token(1)).await;
+    let s = quick(server.port());
+    let AcquireOutcome::Granted { fence, .. } = s.acquire("k", token(1), &id("test"), QUICK).await
+    else {
+        panic!("free")
+    };
     server.restart();
     let renewed = after_reconnect!(
-        s.renew("k", token(1), fence, TTL).await,
+        s.renew("k", token(1), fence, QUICK).await,
         RenewOutcome::Indeterminate(Indeterminate::Transport)
     );
     assert_eq!(
@@ -216,9 +251,14 @@ async fn a_restart_without_persistence_loses_the_grant_but_fences_still_increase
         "the key is gone: never re-created"
     );
     assert_eq!(s.connects(), 2);
-    // The counter is gone too, but a new grant's fence is at least Redis's clock in
-    // µs: above the lost one.
-    assert!(granted(&s, "k", token(2)).await > fence);
+    // Nothing is granted for the quarantine; then the counter is gone too, but a new
+    // grant's fence is at least Redis's clock in µs: above the lost one.
+    let (next, waited) = granted_after_quarantine(&s, "k", token(2)).await;
+    assert!(next > fence);
+    assert!(
+        waited >= std::time::Duration::from(QUICK) - std::time::Duration::from_millis(60),
+        "{waited:?}"
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -227,22 +267,56 @@ async fn a_restart_with_aof_keeps_the_grant_and_the_fences() {
         appendonly: true,
         ..RedisOptions::default()
     });
-    let s = service(server.port());
-    let fence = granted(&s, "k", token(1)).await;
+    let s = quick(server.port());
+    let AcquireOutcome::Granted { fence, .. } = s.acquire("k", token(1), &id("test"), QUICK).await
+    else {
+        panic!("free")
+    };
     server.restart();
     let renewed = after_reconnect!(
-        s.renew("k", token(1), fence, TTL).await,
+        s.renew("k", token(1), fence, QUICK).await,
         RenewOutcome::Indeterminate(Indeterminate::Transport)
     );
-    assert_eq!(renewed, RenewOutcome::Renewed { ttl: TTL });
-    match s.acquire("k", token(2), &id("other"), TTL).await {
+    assert_eq!(renewed, RenewOutcome::Renewed { ttl: QUICK });
+    match s.acquire("k", token(2), &id("other"), QUICK).await {
         AcquireOutcome::HeldByAnother(h) => {
             assert_eq!((h.fence, h.identity), (fence, id("test")));
         }
         other => panic!("{other:?}"),
     }
     assert_eq!(s.release("k", token(1)).await, ReleaseOutcome::Released);
-    assert!(granted(&s, "k", token(2)).await > fence);
+    // Another process holds the data now: the AOF may have lost the latest grants
+    // (with `appendfsync everysec`), so the key waits out the quarantine.
+    let (next, _) = granted_after_quarantine(&s, "k", token(2)).await;
+    assert!(next > fence);
+}
+
+/// The quarantine clause of the conformance suite, with `FLUSHALL` as the loss.
+#[tokio::test(flavor = "current_thread")]
+async fn after_flushall_nothing_is_granted_until_the_quarantine_ends() {
+    let server = RedisServer::start();
+    let s = quick(server.port());
+    let verdict = leasehold_conformance::a_lost_state_grants_nothing_until_the_quarantine_ends(
+        &s,
+        &Capabilities::redis(Duration::from_millis(300)),
+        QUICK,
+        || async {
+            assert_eq!(server.inline("FLUSHALL").as_deref(), Some("+OK\r\n"));
+        },
+    )
+    .await;
+    if let Err(violation) = verdict {
+        panic!("{violation}");
+    }
+    let too_long = QUICK.saturating_add(Duration::from_millis(1));
+    assert_eq!(
+        s.try_acquire("t", token(3), &id("t"), too_long).await,
+        Err(Error::TtlAboveMax)
+    );
+    assert_eq!(
+        s.renew("t", token(3), Fence(1), too_long).await,
+        RenewOutcome::Refused(Refusal::Unsupported)
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]

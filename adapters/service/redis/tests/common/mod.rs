@@ -347,12 +347,17 @@ pub fn proxy_url(proxy: &Proxy) -> String {
     format!("redis://127.0.0.1:{}", proxy.port())
 }
 
-/// The service on `url`, as the fault tests use it: requests bounded by 2 s, and a
-/// quarantine after a loss of state (`max_ttl`) of 1 s, the longest TTL they ask for.
+/// The service on `url`: requests bounded by 2 s, TTLs up to 60 s (the longest the
+/// tests ask for), and so a quarantine of 60 s after a loss of state.
 pub async fn service(url: &str) -> RedisLockService {
+    service_with_max_ttl(url, std_ms(60_000)).await
+}
+
+/// [`service`] with `max_ttl`: the longest TTL it grants, and its quarantine.
+pub async fn service_with_max_ttl(url: &str, max_ttl: StdDuration) -> RedisLockService {
     RedisLockService::builder(url)
         .request_timeout(Some(std_ms(2_000)))
-        .max_ttl(std_ms(1_000))
+        .max_ttl(max_ttl)
         .connect()
         .await
         .expect("connect to the test redis-server")
