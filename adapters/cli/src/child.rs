@@ -17,8 +17,9 @@
 //!    (The reaper checked that such a move is allowed when it made the cgroup; if it
 //!    fails anyway, the command does not run.)
 //!
-//! The signal mask and ignored signals are reset by the standard library's spawn, so
-//! the command does not inherit the reaper's blocked signals.
+//! Everywhere, it then empties its signal mask: a blocked signal stays blocked across
+//! `fork` and `exec`, and the reaper blocks SIGINT, SIGTERM, SIGHUP, SIGCHLD and
+//! SIGTTOU for itself; the command must get them.
 //!
 //! On other Unix systems `run` spawns the helper itself and the helper only `exec`s:
 //! no parent-death signal exists, so a SIGKILLed supervisor leaves CMD running; it
@@ -69,6 +70,15 @@ pub fn exec_helper(command: &[OsString]) -> u8 {
                 return exit::FAILURE;
             }
         }
+    }
+    let unblock = nix::sys::signal::SigSet::empty();
+    if let Err(e) = nix::sys::signal::sigprocmask(
+        nix::sys::signal::SigmaskHow::SIG_SETMASK,
+        Some(&unblock),
+        None,
+    ) {
+        say!("cannot unblock signals for the command: {e}");
+        return exit::FAILURE;
     }
     let err = std::process::Command::new(program)
         .args(args)

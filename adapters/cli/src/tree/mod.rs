@@ -31,6 +31,7 @@ pub struct Settings {
 
 /// What happened to the tree.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))] // Stalled and Thawed: reaper only.
 pub enum Report {
     /// The command runs with this pid.
     Started(u32),
@@ -47,6 +48,7 @@ pub enum Report {
 
 /// How the command ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))] // NotStarted: reaper only.
 pub enum Exit {
     /// It exited with this code.
     Code(i32),
