@@ -4,10 +4,12 @@
 
 use std::ffi::OsString;
 use std::io::Write as _;
-use std::os::fd::{AsRawFd as _, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::task::{Context, Poll};
 
 use leasehold_tokio::LeaseClock;
+use nix::errno::Errno;
 use nix::sys::signal::Signal;
 use tokio::net::unix::pipe;
 use tokio::time::Instant;
@@ -24,6 +26,10 @@ pub struct Reaper {
     process: tokio::process::Child,
     /// Non-blocking: a write never stalls this process.
     control: std::io::PipeWriter,
+    /// Read directly (`read(2)`) at every poll before tokio's readiness is consulted:
+    /// tokio learns of readiness only when its reactor runs, so after this process was
+    /// stopped, a report already in the pipe would lose to a timer that expired
+    /// meanwhile; the report must come first, as it explains what happened.
     reports: pipe::Receiver,
     lines: Lines,
     clock: LeaseClock,
@@ -78,9 +84,7 @@ impl Reaper {
         let _ = nix::unistd::close(report_fd);
         drop((control_read, reports_write));
         let process = spawned?;
-        let flags = nix::fcntl::fcntl(control_write.as_raw_fd(), nix::fcntl::F_GETFL)?;
-        let flags = nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
-        nix::fcntl::fcntl(control_write.as_raw_fd(), nix::fcntl::F_SETFL(flags))?;
+        non_blocking(&control_write)?;
         Ok(Reaper {
             process,
             control: control_write,
@@ -136,17 +140,37 @@ impl Reaper {
             if self.eof {
                 return self.second_line().await;
             }
-            if self.reports.readable().await.is_err() {
-                self.eof = true;
-                continue;
-            }
-            let mut buf = [0u8; 512];
-            match self.reports.try_read(&mut buf) {
+            std::future::poll_fn(|cx| self.poll_fill(cx)).await;
+        }
+    }
+
+    /// Reads what the pipe holds now; ready once something was read or the pipe
+    /// ended (see `reports`).
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut buf = [0u8; 512];
+        loop {
+            let read = match nix::unistd::read(self.reports.as_raw_fd(), &mut buf) {
+                // Empty now: let tokio know (a read through it clears its readiness),
+                // then wait for the next.
+                Err(Errno::EAGAIN) => match self.reports.try_read(&mut buf) {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        match self.reports.poll_read_ready(cx) {
+                            Poll::Ready(Ok(())) => continue,
+                            Poll::Ready(Err(_)) => Ok(0),
+                            Poll::Pending => return Poll::Pending,
+                        }
+                    }
+                    other => other.map_err(|_| Errno::EIO),
+                },
+                other => other,
+            };
+            match read {
                 Ok(0) => self.eof = true,
                 Ok(n) => self.lines.push(&buf[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(Errno::EINTR) => continue,
                 Err(_) => self.eof = true,
             }
+            return Poll::Ready(());
         }
     }
 
@@ -179,4 +203,12 @@ impl Reaper {
         drop(control);
         let _ = tokio::time::timeout(std::time::Duration::from_secs(1), process.wait()).await;
     }
+}
+
+/// Sets `O_NONBLOCK` on a pipe end.
+fn non_blocking(fd: &impl AsRawFd) -> std::io::Result<()> {
+    let flags = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::F_GETFL)?;
+    let flags = nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
+    nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::F_SETFL(flags))?;
+    Ok(())
 }
