@@ -6,10 +6,10 @@
 use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// `--quiet`: [`note!`] prints nothing.
+/// `--quiet`: `note!` prints nothing.
 static QUIET: AtomicBool = AtomicBool::new(false);
 
-/// Sets `--quiet` for [`note!`].
+/// Sets `--quiet` for `note!`.
 pub fn set_quiet(quiet: bool) {
     QUIET.store(quiet, Ordering::Relaxed);
 }

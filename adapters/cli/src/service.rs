@@ -5,8 +5,9 @@
 //! endpoint list of an [`EtcdLockService`]. `memory:` is not offered: an in-process
 //! service cannot exclude other processes.
 //!
-//! A Redis that cannot be reached when `run` starts is waited for, as an etcd is (its
-//! client connects on first use): the service then connects on its first request, so
+//! A Redis that is not up when `run` starts (the connection is refused or times out,
+//! or Redis is still loading) is waited for, as an etcd is (its client connects on
+//! first use): the service then connects on its first request, so
 //! connecting becomes part of the bounded acquire, retried until the grant or the end
 //! of `--wait`. The first connection is still tried at once, so that a wrong password
 //! or an unusable URL fails promptly with its own message, and `--no-wait`, `status`
@@ -54,8 +55,7 @@ pub async fn connect(
         }
         let service = match builder.clone().connect().await {
             Ok(service) => service,
-            // Down, unreachable, not answering: the outcome may clear.
-            Err(e) if down == Down::Wait && e.indeterminate().is_some() => {
+            Err(e) if down == Down::Wait && may_come_up(&e) => {
                 note!("{e}; waiting for it");
                 builder.connect_lazily().await.map_err(|e| e.to_string())?
             }
@@ -86,6 +86,20 @@ pub async fn connect(
         None => url.to_owned(),
     };
     Err(format!("unusable service URL `{shown}`; {FORMS}"))
+}
+
+/// Whether `e`, from the first connection, says Redis is not up yet (refused, no
+/// answer in time, `LOADING` and the like) rather than that this can never work (a
+/// certificate, the credentials, the URL, a host name that does not resolve).
+fn may_come_up(e: &leasehold_redis::RedisLockError) -> bool {
+    use leasehold_redis::RedisLockError;
+    match e {
+        RedisLockError::Timeout { .. } | RedisLockError::Service { .. } => true,
+        RedisLockError::Transport { cause, .. } => {
+            cause.is_connection_refusal() || cause.is_timeout()
+        }
+        _ => false,
+    }
 }
 
 /// Trusts the CA in the PEM file at `path` for `rediss://`.

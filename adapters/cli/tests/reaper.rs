@@ -92,11 +92,11 @@ fn sigkill_takes_the_whole_tree(cgroup: &str) {
     let killed = Instant::now();
     sup.signal(Signal::SIGKILL);
     let dead = wait_all_dead(&pids, killed + Duration::from_millis(100)).unwrap_or_else(|alive| {
-        let alive: Vec<(i32, Option<(char, i32, i32)>)> =
-            alive.iter().map(|&p| (p, stat(p))).collect();
-        panic!(
-            "alive 100 ms after leasehold was SIGKILLed (pid, (state, ppid, session)): {alive:?}"
-        )
+        let seen: Vec<String> = alive
+            .iter()
+            .map(|&p| format!("{p}: {:?}", stat(p)))
+            .collect();
+        panic!("alive 100 ms after leasehold was SIGKILLed (pid: (state, ppid, session)): {seen:?}")
     });
     let took = dead - killed;
     wait_until(
