@@ -8,18 +8,33 @@ use clap::{Args, Parser, Subcommand};
 use crate::duration;
 
 /// The exit codes, for `--help`.
-const EXIT_CODES: &str = "Exit codes: the command's own status when it ran and the lease held; \
-1 busy (--no-wait, change with -E); 122 lease lost or not renewed in time, the command was \
-stopped; 124 --wait ran out; 125 leasehold failed (usage, service URL, credentials, service \
-down); 126 command not executable; 127 command not found; 128+N the command was killed by \
-signal N.";
+const EXIT_CODES: &str = "Exit codes of run: the command's own status when it ran and the lease \
+held; 1 busy (--no-wait, change with -E); 122 lease lost or not renewed in time, the command was \
+stopped; 124 --wait ran out; 125 leasehold failed (usage, service URL, credentials, service down \
+with --no-wait); 126 command not executable; 127 command not found; 128+N the command was \
+killed by signal N. Of status: 0 held, 1 free, 125 failed.";
 
-/// What `run` gives the command, for `run --help`.
-const RUN_ENV: &str = "The command runs in its own process group with LEASEHOLD_KEY, \
+/// What `run` gives the command and what guards it, for `run --help`.
+const RUN_HELP: &str = "The command runs in its own process group with LEASEHOLD_KEY, \
 LEASEHOLD_FENCE (send it with every write so the storage can reject stale holders), \
 LEASEHOLD_HOLDER, and LEASEHOLD_DEADLINE_FILE: a file holding the safe deadline as Unix-epoch \
-milliseconds, rewritten after every renewal (0 once the lease is lost). Check `now < deadline` \
-before each write: it protects the command even when leasehold itself is paused.";
+milliseconds, rewritten after every renewal (0 once the lease is lost).
+
+On Linux a second leasehold process (the reaper) is the command's parent: it stops the whole \
+process tree (setsid and double-forked descendants too, through a cgroup where it can make one) \
+at the safe deadline even when leasehold itself is stopped or paused, and at once when \
+leasehold dies.
+
+A second SIGINT, SIGTERM or SIGHUP is passed on too, and SIGKILL follows after --kill-after.
+
+Exit codes: the command's own status when it ran and the lease held; 1 busy (--no-wait, change \
+with -E); 122 lease lost or not renewed in time, the command was stopped; 124 --wait ran out; \
+125 leasehold failed (usage, service URL, credentials); 126 command not executable; 127 command \
+not found; 128+N the command was killed by signal N.";
+
+/// What `status` answers, for `status --help`.
+const STATUS_HELP: &str = "Exit codes: 0 KEY is held; 1 KEY is free; 125 leasehold failed \
+(service URL, credentials, service down).";
 
 /// Run a command under a distributed lease (Redis or etcd), and stop it before the
 /// lease can expire.
@@ -62,7 +77,8 @@ pub struct Cli {
 pub enum Command {
     /// Wait for the lease on KEY, run CMD while it is held, release it when CMD exits.
     Run(RunArgs),
-    /// Who holds KEY: identity, fence, remaining TTL.
+    /// Who holds KEY: identity, fence, remaining TTL. Exits 0 when it is held, 1 when
+    /// it is free.
     Status(StatusArgs),
     /// Raise KEY's fence counter to at least N: the recovery step when storage holds
     /// fences above what the lock service would grant next.
@@ -70,7 +86,10 @@ pub enum Command {
 }
 
 #[derive(Debug, Args)]
-#[command(after_help = RUN_ENV)]
+#[command(
+    override_usage = "leasehold run [OPTIONS] KEY -- CMD [ARGS]...",
+    after_help = RUN_HELP
+)]
 pub struct RunArgs {
     /// Give up after waiting this long for the key (default: wait until granted).
     #[arg(long, value_parser = duration::parse, conflicts_with = "no_wait")]
@@ -98,6 +117,18 @@ pub struct RunArgs {
     #[arg(long)]
     pub identity: Option<String>,
 
+    /// What the reaper does when the safe deadline passes without news from a stalled
+    /// leasehold (stopped, paused): kill the command's tree, or freeze it (thawed if
+    /// leasehold comes back with the lease still held, killed otherwise).
+    #[arg(long, value_enum, default_value_t = OnStall::Kill)]
+    pub on_stall: OnStall,
+
+    /// Whether the reaper puts the command in a cgroup of its own (cgroup v2, where
+    /// this machine lets it make one), which stops every descendant at once; `off`
+    /// finds the descendants through /proc instead.
+    #[arg(long, value_enum, env = "LEASEHOLD_CGROUP", default_value_t = CgroupMode::Auto)]
+    pub cgroup: CgroupMode,
+
     /// The lock's name (1-256 bytes, no braces or control characters).
     pub key: String,
 
@@ -106,7 +137,26 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
+/// `--on-stall`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnStall {
+    /// SIGKILL every process of the command's tree.
+    Kill,
+    /// Freeze the tree (cgroup.freeze, else SIGSTOP to every process).
+    Freeze,
+}
+
+/// `--cgroup`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CgroupMode {
+    /// A cgroup v2 of the command's own where the machine allows it, else /proc.
+    Auto,
+    /// No cgroup: the command's descendants are found through /proc.
+    Off,
+}
+
 #[derive(Debug, Args)]
+#[command(after_help = STATUS_HELP)]
 pub struct StatusArgs {
     /// The lock's name.
     pub key: String,

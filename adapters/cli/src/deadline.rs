@@ -1,7 +1,8 @@
 //! `LEASEHOLD_DEADLINE_FILE`: the safe deadline, as Unix-epoch milliseconds, for the
 //! command to read.
 //!
-//! The supervisor rewrites it (write to a temporary file, then rename: a reader never
+//! It lives in the run's private directory ([`crate::private_dir`]). The supervisor
+//! rewrites it (write to a temporary file, then rename: a reader never
 //! sees half a number) after every change of the lease: each confirmed renewal moves
 //! it forward; a loss writes `0`. It protects the command when the supervisor cannot:
 //! if leasehold is paused (SIGSTOP, a VM stall) it renews nothing and kills nothing,
@@ -9,28 +10,25 @@
 //! write stops on time by itself. The value is converted from the monotonic lease
 //! clock to the wall clock when it is written, so a wall-clock step between the write
 //! and the read shifts it; the fence, checked by the storage, is the guarantee.
+//! (On Linux the reaper stops the command at the deadline by itself; the file is for
+//! commands that want to stop earlier, and for systems without the reaper.)
 
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// The file, removed when dropped.
+/// The file (removed with its directory).
 pub struct DeadlineFile {
     path: PathBuf,
     tmp: PathBuf,
 }
 
 impl DeadlineFile {
-    /// A new file in `$XDG_RUNTIME_DIR` (else the temp dir), named after this process,
-    /// holding `0` until the first deadline is written.
-    pub fn create() -> std::io::Result<DeadlineFile> {
-        let dir = std::env::var_os("XDG_RUNTIME_DIR")
-            .map(PathBuf::from)
-            .filter(|d| d.is_dir())
-            .unwrap_or_else(std::env::temp_dir);
-        let name = format!("leasehold-{}.deadline", std::process::id());
+    /// A new file `deadline` in `dir` (the run's private directory), holding `0`
+    /// until the first deadline is written.
+    pub fn create(dir: &Path) -> std::io::Result<DeadlineFile> {
         let file = DeadlineFile {
-            path: dir.join(&name),
-            tmp: dir.join(format!("{name}.tmp")),
+            path: dir.join("deadline"),
+            tmp: dir.join("deadline.tmp"),
         };
         file.write_epoch_ms(0)?;
         Ok(file)
@@ -58,12 +56,5 @@ impl DeadlineFile {
     fn write_epoch_ms(&self, epoch_ms: u64) -> std::io::Result<()> {
         std::fs::write(&self.tmp, format!("{epoch_ms}\n"))?;
         std::fs::rename(&self.tmp, &self.path)
-    }
-}
-
-impl Drop for DeadlineFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-        let _ = std::fs::remove_file(&self.tmp);
     }
 }

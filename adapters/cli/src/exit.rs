@@ -4,6 +4,8 @@
 
 /// `--no-wait` found the key held (`flock -n`'s 1; change it with `--conflict-exit-code`).
 pub const BUSY: u8 = 1;
+/// `status`: the key is free (0 when it is held, as `test` answers "is it held?").
+pub const FREE: u8 = 1;
 /// The lease was lost while the command ran: leasehold stopped the command (SIGTERM,
 /// then SIGKILL) before another holder could be granted the key.
 pub const LOST: u8 = 122;

@@ -3,16 +3,24 @@
 
 #![deny(missing_docs)]
 
+#[macro_use]
+mod say;
+
 mod child;
 mod cli;
 mod deadline;
 mod duration;
 mod exit;
+mod private_dir;
 mod progress;
+#[cfg(target_os = "linux")]
+mod reaper;
 mod run;
 mod service;
 mod signals;
 mod status;
+mod supervise;
+mod tree;
 
 use std::ffi::OsStr;
 use std::io::IsTerminal as _;
@@ -28,13 +36,23 @@ use crate::service::Service;
 pub struct Output {
     /// Show the one-line wait display (stderr is a terminal and not `--quiet`).
     pub progress: bool,
+    /// `--quiet`.
+    pub quiet: bool,
+    /// `-v` (counted).
+    pub verbose: u8,
 }
 
 fn main() -> ExitCode {
     let mut argv = std::env::args_os();
-    if argv.nth(1).as_deref() == Some(OsStr::new(child::EXEC_HELPER)) {
+    let first = argv.nth(1);
+    if first.as_deref() == Some(OsStr::new(child::EXEC_HELPER)) {
         let command: Vec<_> = argv.collect();
         return ExitCode::from(child::exec_helper(&command));
+    }
+    #[cfg(target_os = "linux")]
+    if first.as_deref() == Some(OsStr::new(reaper::REAPER)) {
+        let args: Vec<_> = argv.collect();
+        return ExitCode::from(reaper::main(&args));
     }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -44,9 +62,10 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    say::set_quiet(cli.quiet);
     init_tracing(cli.quiet, cli.verbose);
-    // One thread: the command is spawned from the main thread, which lives as long as
-    // the process, so the parent-death signal fires only when leasehold dies.
+    // One thread: nothing else spawns a process while `run` hands the reaper its two
+    // inheritable pipe ends (see `tree::spawn`).
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -63,6 +82,8 @@ async fn dispatch(cli: Cli) -> u8 {
     };
     let output = Output {
         progress: !cli.quiet && std::io::stderr().is_terminal(),
+        quiet: cli.quiet,
+        verbose: cli.verbose,
     };
     // Requests are bounded like the lease's own (TTL/10), at least 100 ms.
     let request_timeout = match &cli.command {
@@ -75,7 +96,11 @@ async fn dispatch(cli: Cli) -> u8 {
         _ => std::time::Duration::from_secs(2),
     }
     .max(std::time::Duration::from_millis(100));
-    let service = match service::connect(url, cli.tls_ca.as_deref(), request_timeout).await {
+    let down = match &cli.command {
+        Command::Run(args) if !args.no_wait => service::Down::Wait,
+        _ => service::Down::Fail,
+    };
+    let service = match service::connect(url, cli.tls_ca.as_deref(), request_timeout, down).await {
         Ok(service) => service,
         Err(why) => return run::fail(&why),
     };
@@ -95,9 +120,14 @@ async fn dispatch(cli: Cli) -> u8 {
 }
 
 /// Logs to stderr: errors only with `--quiet`, lease events with `-v`, debug with
-/// `-vv`. Without `-v` the lease driver's own log is off: leasehold prints what the
-/// user must know (busy, timed out, lost, stopping the command) itself.
-fn init_tracing(quiet: bool, verbose: u8) {
+/// `-vv`. Without `-v` only leasehold's own warnings are shown: it prints what the
+/// user must know (busy, timed out, lost, stopping the command) itself, and the
+/// libraries' logs (the lease driver, the Redis and etcd services, and under them
+/// tonic, h2 and the etcd client, which warn about every failed connection) would
+/// repeat it in their own words. Libraries other than leasehold's log their warnings
+/// from `-v` and everything from `-vvv`. A log line that cannot be written is
+/// dropped (a closed stderr must not panic).
+pub fn init_tracing(quiet: bool, verbose: u8) {
     use tracing_subscriber::filter::{LevelFilter, Targets};
     use tracing_subscriber::prelude::*;
     let level = match (quiet, verbose) {
@@ -107,18 +137,22 @@ fn init_tracing(quiet: bool, verbose: u8) {
         (false, 2) => LevelFilter::DEBUG,
         (false, _) => LevelFilter::TRACE,
     };
-    let driver = if verbose == 0 {
-        LevelFilter::OFF
-    } else {
-        level
+    let (libraries, others) = match (quiet, verbose) {
+        (true, _) | (false, 0) => (LevelFilter::OFF, LevelFilter::OFF),
+        (false, 1 | 2) => (level, LevelFilter::WARN),
+        (false, _) => (level, level),
     };
+    // Targets match by prefix: `leasehold` is this binary (and the core, which does
+    // not log), `leasehold_` every leasehold library.
     let filter = Targets::new()
-        .with_default(level)
-        .with_target("leasehold_tokio", driver);
+        .with_default(others)
+        .with_target("leasehold", level)
+        .with_target("leasehold_", libraries);
     let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_target(false)
         .with_ansi(std::io::stderr().is_terminal())
+        .log_internal_errors(false)
         .with_filter(filter);
     tracing_subscriber::registry().with(layer).init();
 }

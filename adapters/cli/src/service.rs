@@ -4,6 +4,14 @@
 //! and hides the password in its messages); `etcd+http://h:p[,h:p…]` becomes the
 //! endpoint list of an [`EtcdLockService`]. `memory:` is not offered: an in-process
 //! service cannot exclude other processes.
+//!
+//! A Redis that is not up when `run` starts (the connection is refused or times out,
+//! or Redis is still loading) is waited for, as an etcd is (its client connects on
+//! first use): the service then connects on its first request, so
+//! connecting becomes part of the bounded acquire, retried until the grant or the end
+//! of `--wait`. The first connection is still tried at once, so that a wrong password
+//! or an unusable URL fails promptly with its own message, and `--no-wait`, `status`
+//! and `raise-fence` fail at once when Redis is down.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -23,19 +31,36 @@ pub enum Service {
 const FORMS: &str = "use redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://… or \
                      etcd+http://HOST:PORT[,HOST:PORT…]";
 
+/// Whether to wait for a lock service that does not answer yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Down {
+    /// Fail at once (`status`, `raise-fence`, `run --no-wait`).
+    Fail,
+    /// Connect on the first request, inside the bounded acquire (`run`).
+    Wait,
+}
+
 /// Connects to the service at `url`, bounding each request by `request_timeout`.
 /// The error is a complete sentence for the user.
 pub async fn connect(
     url: &str,
     tls_ca: Option<&Path>,
     request_timeout: Duration,
+    down: Down,
 ) -> Result<Service, String> {
     if url.starts_with("redis://") || url.starts_with("rediss://") {
         let mut builder = RedisLockService::builder(url).request_timeout(Some(request_timeout));
         if let Some(path) = tls_ca {
             builder = with_ca(builder, path)?;
         }
-        let service = builder.connect().await.map_err(|e| e.to_string())?;
+        let service = match builder.clone().connect().await {
+            Ok(service) => service,
+            Err(e) if down == Down::Wait && may_come_up(&e) => {
+                note!("{e}; waiting for it");
+                builder.connect_lazily().await.map_err(|e| e.to_string())?
+            }
+            Err(e) => return Err(e.to_string()),
+        };
         return Ok(Service::Redis(Arc::new(service)));
     }
     if let Some(rest) = url.strip_prefix("etcd+http://") {
@@ -61,6 +86,20 @@ pub async fn connect(
         None => url.to_owned(),
     };
     Err(format!("unusable service URL `{shown}`; {FORMS}"))
+}
+
+/// Whether `e`, from the first connection, says Redis is not up yet (refused, no
+/// answer in time, `LOADING` and the like) rather than that this can never work (a
+/// certificate, the credentials, the URL, a host name that does not resolve).
+fn may_come_up(e: &leasehold_redis::RedisLockError) -> bool {
+    use leasehold_redis::RedisLockError;
+    match e {
+        RedisLockError::Timeout { .. } | RedisLockError::Service { .. } => true,
+        RedisLockError::Transport { cause, .. } => {
+            cause.is_connection_refusal() || cause.is_timeout()
+        }
+        _ => false,
+    }
 }
 
 /// Trusts the CA in the PEM file at `path` for `rediss://`.

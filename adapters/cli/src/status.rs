@@ -3,18 +3,20 @@
 use leasehold::{Fence, HolderOutcome};
 use leasehold_tokio::LockService;
 
+use crate::exit;
 use crate::run::fail;
 use crate::service::Service;
 
-/// Prints who holds `key`; 0 whether held or free, 125 when the service refused or
-/// did not answer.
+/// Prints who holds `key`; exits 0 when it is held, 1 ([`exit::FREE`]) when it is
+/// free, 125 when the service refused or did not answer: `if leasehold status k` reads
+/// "if k is held".
 pub async fn status<S: LockService>(service: &S, key: &str, json: bool) -> u8 {
     if let Err(e) = leasehold::check_key(key) {
         return fail(&format!("{key:?}: {e}"));
     }
     match LockService::holder(service, key).await {
         HolderOutcome::Held(h) if json => {
-            println!(
+            out!(
                 "{{\"key\":{},\"held\":true,\"holder\":{},\"fence\":{},\"remaining_ms\":{}}}",
                 json_string(key),
                 json_string(h.identity.as_str()),
@@ -24,7 +26,7 @@ pub async fn status<S: LockService>(service: &S, key: &str, json: bool) -> u8 {
             0
         }
         HolderOutcome::Held(h) => {
-            println!(
+            out!(
                 "{key:?} is held by {} (fence {}), {} ms left",
                 h.identity,
                 h.fence.0,
@@ -33,12 +35,12 @@ pub async fn status<S: LockService>(service: &S, key: &str, json: bool) -> u8 {
             0
         }
         HolderOutcome::Free if json => {
-            println!("{{\"key\":{},\"held\":false}}", json_string(key));
-            0
+            out!("{{\"key\":{},\"held\":false}}", json_string(key));
+            exit::FREE
         }
         HolderOutcome::Free => {
-            println!("{key:?} is free");
-            0
+            out!("{key:?} is free");
+            exit::FREE
         }
         HolderOutcome::Refused(why) => fail(&format!("status of {key:?}: {why}")),
         HolderOutcome::Indeterminate(why) => fail(&format!(
@@ -64,7 +66,7 @@ pub async fn raise_fence(service: &Service, key: &str, fence: u64) -> u8 {
     };
     match raised {
         Ok(now) => {
-            println!(
+            out!(
                 "the fence counter of {key:?} is {}: the next grant gets a larger fence",
                 now.0
             );

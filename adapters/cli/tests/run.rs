@@ -236,8 +236,19 @@ fn bad_input_gets_clear_messages_and_distinct_codes() {
     assert_eq!(code, Some(125), "{err}");
     assert!(err.contains("has no port"), "{err}");
 
+    // --no-wait does not wait for a Redis that is down either (`run` without it does:
+    // `a_redis_down_at_start_is_waited_for_within_wait`).
     let nobody = format!("redis://127.0.0.1:{}", leasehold_test_support::free_port());
-    let (code, err) = run(&nobody, d, &["run", "k", "--", "true"]);
+    let started = Instant::now();
+    let (code, err) = run(&nobody, d, &["run", "--no-wait", "k", "--", "true"]);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("is redis-server running"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    let (code, err) = run(&nobody, d, &["status", "k"]);
     assert_eq!(code, Some(125), "{err}");
     assert!(err.contains("is redis-server running"), "{err}");
 
@@ -266,6 +277,21 @@ fn bad_input_gets_clear_messages_and_distinct_codes() {
     let (code, err) = run(&url, d, &["run", "--ttl", "ten", "k", "--", "true"]);
     assert_eq!(code, Some(125), "{err}");
     assert!(err.contains("write it like 10s"), "{err}");
+
+    // Too short to renew within the shortest request bound: refused up front.
+    for ttl in ["1ms", "100ms"] {
+        let started = Instant::now();
+        let (code, err) = run(&url, d, &["run", "--ttl", ttl, "k", "--", "true"]);
+        assert_eq!(code, Some(125), "{err}");
+        assert!(
+            err.contains(&format!("--ttl {ttl} is too short"))
+                && err.contains("use --ttl 163ms or more"),
+            "{err}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+    let (code, err) = run(&url, d, &["run", "--ttl", "163ms", "k", "--", "true"]);
+    assert_eq!(code, Some(0), "the shortest TTL it names works: {err}");
 
     let (code, err) = run(
         &url,
@@ -322,6 +348,14 @@ fn status_shows_the_holder_and_raise_fence_moves_the_next_fence() {
         c
     });
     assert_eq!(text(&out.stdout).trim(), r#"{"key":"st","held":false}"#);
+    assert_eq!(out.status.code(), Some(1), "free: 1");
+    let out = output({
+        let mut c = leasehold(&url, d);
+        c.args(["status", "st"]);
+        c
+    });
+    assert_eq!(text(&out.stdout).trim(), r#""st" is free"#);
+    assert_eq!(out.status.code(), Some(1), "free: 1");
 
     let mut holder = hold(&url, d, "st", "holder-\"A\"");
     let out = output({
@@ -329,6 +363,7 @@ fn status_shows_the_holder_and_raise_fence_moves_the_next_fence() {
         c.args(["status", "st", "--json"]);
         c
     });
+    assert_eq!(out.status.code(), Some(0), "held: 0");
     let json = text(&out.stdout);
     let prefix = r#"{"key":"st","held":true,"holder":"holder-\"A\"","fence":"#;
     assert!(json.starts_with(prefix), "{json}");
@@ -356,6 +391,7 @@ fn status_shows_the_holder_and_raise_fence_moves_the_next_fence() {
         c
     });
     let human = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "held: 0");
     assert!(
         human.starts_with(&format!("\"st\" is held by holder-\"A\" (fence {fence}), ")),
         "{human}"
@@ -402,4 +438,178 @@ fn status_shows_the_holder_and_raise_fence_moves_the_next_fence() {
     });
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim(), "10000000000000001", "etcd too");
+}
+
+/// Redis is down when `run` starts: it says so once and waits (within `--wait`), and
+/// runs the command once Redis is up.
+#[test]
+fn a_redis_down_at_start_is_waited_for_within_wait() {
+    let mut server = RedisServer::start();
+    server.kill();
+    let dir = scratch("cli-redis-down");
+    let d = dir.path();
+    let mut cmd = leasehold(&server.url(), d);
+    cmd.args([
+        "-vv", "run", "--ttl", "2s", "--wait", "20s", "k", "--", "sh", "-c",
+    ])
+    .arg(format!("echo $LEASEHOLD_FENCE > {}/ran", d.display()));
+    let mut a = Proc::spawn(cmd, d, "a");
+    wait_contains(
+        &a.stderr,
+        "is redis-server running",
+        Duration::from_secs(10),
+    );
+    wait_contains(&a.stderr, "acquire attempt failed", Duration::from_secs(10));
+    assert!(
+        a.child.try_wait().unwrap().is_none(),
+        "still waiting: {}",
+        a.err()
+    );
+    let restarted = Instant::now();
+    server.restart();
+    assert_eq!(
+        a.wait(Duration::from_secs(15)).code(),
+        Some(0),
+        "{}",
+        a.err()
+    );
+    assert!(
+        wait_file(&d.join("ran"), Duration::from_secs(1))
+            .trim()
+            .parse::<u64>()
+            .is_ok(),
+        "the command ran under a fence"
+    );
+    eprintln!(
+        "Redis down at start: leasehold waited, and ran the command {:?} after Redis came up",
+        restarted.elapsed()
+    );
+    // A bounded wait gives up with the outage named: 125.
+    server.kill();
+    let started = Instant::now();
+    let (code, err) = run(
+        &server.url(),
+        d,
+        &["run", "--ttl", "2s", "--wait", "1s", "k", "--", "true"],
+    );
+    assert_eq!(code, Some(125), "{err}");
+    assert!(
+        err.contains("is redis-server running") && err.contains("did not answer"),
+        "{err}"
+    );
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(700) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+}
+
+/// Output to a closed pipe (`leasehold … 2>&1 | head -c0`) or a closed stderr never
+/// panics (101): each command ends with its own code.
+#[test]
+fn a_closed_or_broken_output_never_panics() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let dir = scratch("cli-closed-stderr");
+    let d = dir.path();
+    let cases: [(&[&str], i32); 6] = [
+        (&["status", "k"], 1),
+        (&["status", "k", "--json"], 1),
+        (&["run", "a{b}", "--", "true"], 125),
+        (&["-v", "run", "k", "--", "true"], 0),
+        (&["--nope"], 125),
+        (&["run", "--help"], 0),
+    ];
+    for (args, code) in cases {
+        // Both streams into a pipe whose reader is gone: every write fails (EPIPE).
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let mut cmd = leasehold(&url, d);
+        cmd.args(args)
+            .stdout(writer.try_clone().unwrap())
+            .stderr(writer);
+        let status = cmd.status().unwrap();
+        assert_eq!(status.code(), Some(code), "{args:?} into a broken pipe");
+        // stderr closed altogether.
+        let mut cmd = std::process::Command::new("sh");
+        cmd.arg("-c")
+            .arg(r#"exec "$0" "$@" 2>&-"#)
+            .arg(env!("CARGO_BIN_EXE_leasehold"))
+            .args(["--service", &url])
+            .args(args)
+            .env("XDG_RUNTIME_DIR", d)
+            .stdin(std::process::Stdio::null());
+        let out = output(cmd);
+        assert_eq!(out.status.code(), Some(code), "{args:?} with stderr closed");
+    }
+}
+
+/// `run --help` shows where CMD goes and the exit codes; `status --help` its codes.
+#[test]
+fn run_help_shows_the_double_dash_and_the_exit_codes() {
+    let out = output({
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"));
+        c.args(["run", "--help"]);
+        c
+    });
+    let help = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        help.contains("Usage: leasehold run [OPTIONS] KEY -- CMD [ARGS]..."),
+        "{help}"
+    );
+    for needle in [
+        "Exit codes:",
+        "122 lease lost",
+        "124 --wait ran out",
+        "--on-stall",
+        "--cgroup",
+    ] {
+        assert!(help.contains(needle), "{needle}: {help}");
+    }
+    let out = output({
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"));
+        c.args(["status", "--help"]);
+        c
+    });
+    assert!(text(&out.stdout).contains("0 KEY is held; 1 KEY is free"));
+}
+
+/// The etcd client's own warnings (leasehold-etcd, tonic, h2) are not shown without
+/// `-v`: leasehold says what went wrong in one line; `-v` shows them.
+#[test]
+fn etcd_client_logs_are_quiet_by_default() {
+    let dir = scratch("cli-etcd-quiet");
+    let d = dir.path();
+    let no_etcd = format!(
+        "etcd+http://127.0.0.1:{}",
+        leasehold_test_support::free_port()
+    );
+    for args in [
+        &["run", "--ttl", "2s", "--no-wait", "k", "--", "true"][..],
+        &["status", "k"],
+    ] {
+        let (code, err) = run(&no_etcd, d, args);
+        assert_eq!(code, Some(125), "{err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+        assert!(
+            err.starts_with("leasehold: ") && !err.contains("WARN"),
+            "{err}"
+        );
+        let mut verbose = vec!["-v"];
+        verbose.extend_from_slice(args);
+        let (_, err) = run(&no_etcd, d, &verbose);
+        assert!(
+            err.contains("WARN"),
+            "-v shows the client's warnings: {err}"
+        );
+    }
+    let etcd = EtcdCluster::single();
+    let (code, err) = run(
+        &etcd_url(&etcd),
+        d,
+        &["run", "--ttl", "2s", "k", "--", "true"],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(err, "", "a run that goes well says nothing");
 }

@@ -239,3 +239,71 @@ pub fn epoch_ns() -> u128 {
         .unwrap()
         .as_nanos()
 }
+
+/// Fields of `/proc/<pid>/stat` after the command name: (state, ppid, session).
+pub fn stat(pid: i32) -> Option<(char, i32, i32)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut fields = text[text.rfind(')')? + 1..].split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    let _pgrp = fields.next()?;
+    let session = fields.next()?.parse().ok()?;
+    Some((state, ppid, session))
+}
+
+/// The cgroup v2 path of `pid` (the `0::` line of `/proc/<pid>/cgroup`).
+pub fn cgroup_of(pid: i32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
+}
+
+/// The mount point of a writable cgroup2 file system, if this machine has one (then
+/// `leasehold run` must use a cgroup of its own).
+pub fn writable_cgroup2() -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|line| {
+        let (fields, after) = line.split_once(" - ")?;
+        let mut after = after.split(' ');
+        if after.next()? != "cgroup2" {
+            return None;
+        }
+        let fields: Vec<&str> = fields.split(' ').collect();
+        let writable = fields.get(5)?.split(',').any(|o| o == "rw")
+            && nix::unistd::access(*fields.get(4)?, nix::unistd::AccessFlags::W_OK).is_ok();
+        writable.then(|| PathBuf::from(fields[4]))
+    })
+}
+
+/// Waits until every process in `pids` is dead, at most until `by`; the instant the
+/// last was seen dead, or the ones still alive.
+pub fn wait_all_dead(pids: &[i32], by: Instant) -> Result<Instant, Vec<i32>> {
+    loop {
+        let alive: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+        if alive.is_empty() {
+            return Ok(Instant::now());
+        }
+        if Instant::now() >= by {
+            return Err(alive);
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+}
+
+/// Waits until `check` holds, at most `limit`; panics with `what` otherwise.
+pub fn wait_until(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+    let give_up = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < give_up, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The etcd URL for `leasehold --service`.
+pub fn etcd_url(etcd: &leasehold_test_support::EtcdCluster) -> String {
+    format!(
+        "etcd+http://{}",
+        etcd.endpoints().join(",").replace("http://", "")
+    )
+}
