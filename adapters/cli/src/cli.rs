@@ -61,6 +61,14 @@ pub struct Cli {
     #[arg(long, env = "LEASEHOLD_TLS_CA", global = true, value_name = "PEM_FILE")]
     pub tls_ca: Option<std::path::PathBuf>,
 
+    /// The longest TTL any client of this lock service asks for (the same on every
+    /// client; env LEASEHOLD_MAX_TTL). After the service lost grants that may still be
+    /// alive (a Redis restarted without persistence or from an older snapshot, a
+    /// failover, an etcd restored from a backup, a new data set), it grants no free
+    /// key for this long. A --ttl above it is refused.
+    #[arg(long, env = "LEASEHOLD_MAX_TTL", global = true, value_parser = duration::parse, default_value = "30s")]
+    pub max_ttl: Duration,
+
     /// Print only errors.
     #[arg(short, long, global = true)]
     pub quiet: bool,

@@ -96,11 +96,27 @@ async fn dispatch(cli: Cli) -> u8 {
         _ => std::time::Duration::from_secs(2),
     }
     .max(std::time::Duration::from_millis(100));
+    if let Command::Run(args) = &cli.command {
+        if args.ttl > cli.max_ttl {
+            return run::fail(&format!(
+                "--ttl {:?} is above --max-ttl {:?}: the quarantine after the lock service \
+                 loses its data covers grants up to --max-ttl only; raise --max-ttl (the same \
+                 on every client of this service) or lower --ttl",
+                args.ttl, cli.max_ttl
+            ));
+        }
+    }
     let down = match &cli.command {
         Command::Run(args) if !args.no_wait => service::Down::Wait,
         _ => service::Down::Fail,
     };
-    let service = match service::connect(url, cli.tls_ca.as_deref(), request_timeout, down).await {
+    let settings = service::Settings {
+        tls_ca: cli.tls_ca.as_deref(),
+        request_timeout,
+        max_ttl: cli.max_ttl,
+        down,
+    };
+    let service = match service::connect(url, &settings).await {
         Ok(service) => service,
         Err(why) => return run::fail(&why),
     };

@@ -40,16 +40,30 @@ pub enum Down {
     Wait,
 }
 
-/// Connects to the service at `url`, bounding each request by `request_timeout`.
-/// The error is a complete sentence for the user.
-pub async fn connect(
-    url: &str,
-    tls_ca: Option<&Path>,
-    request_timeout: Duration,
-    down: Down,
-) -> Result<Service, String> {
+/// How to connect.
+pub struct Settings<'a> {
+    /// `--tls-ca`.
+    pub tls_ca: Option<&'a Path>,
+    /// The bound on each request.
+    pub request_timeout: Duration,
+    /// `--max-ttl`: the longest TTL, and the quarantine after a loss of state.
+    pub max_ttl: Duration,
+    /// Whether to wait for a service that does not answer yet.
+    pub down: Down,
+}
+
+/// Connects to the service at `url`. The error is a complete sentence for the user.
+pub async fn connect(url: &str, settings: &Settings<'_>) -> Result<Service, String> {
+    let Settings {
+        tls_ca,
+        request_timeout,
+        max_ttl,
+        down,
+    } = *settings;
     if url.starts_with("redis://") || url.starts_with("rediss://") {
-        let mut builder = RedisLockService::builder(url).request_timeout(Some(request_timeout));
+        let mut builder = RedisLockService::builder(url)
+            .request_timeout(Some(request_timeout))
+            .max_ttl(max_ttl);
         if let Some(path) = tls_ca {
             builder = with_ca(builder, path)?;
         }
@@ -68,6 +82,7 @@ pub async fn connect(
         let endpoints: Vec<String> = hosts.iter().map(|h| format!("http://{h}")).collect();
         let mut builder = EtcdLockService::builder(&endpoints)
             .request_timeout(request_timeout)
+            .max_ttl(max_ttl)
             .connect_timeout(request_timeout.max(Duration::from_millis(500)));
         if let Some((name, password)) = user {
             builder = builder.user(name, password);

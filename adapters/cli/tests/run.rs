@@ -232,6 +232,13 @@ fn bad_input_gets_clear_messages_and_distinct_codes() {
     assert_eq!(code, Some(125), "{err}");
     assert!(err.contains("invalid port number"), "{err}");
 
+    // A TTL the quarantine after a loss of state would not cover.
+    let started = Instant::now();
+    let (code, err) = run(&url, d, &["run", "--ttl", "40s", "k", "--", "true"]);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("--ttl 40s is above --max-ttl 30s"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+
     let (code, err) = run("etcd+http://127.0.0.1", d, &["status", "k"]);
     assert_eq!(code, Some(125), "{err}");
     assert!(err.contains("has no port"), "{err}");
@@ -449,8 +456,11 @@ fn a_redis_down_at_start_is_waited_for_within_wait() {
     let dir = scratch("cli-redis-down");
     let d = dir.path();
     let mut cmd = leasehold(&server.url(), d);
+    // The Redis that comes up has no data: its first grant waits out the quarantine
+    // (`--max-ttl`, the longest TTL its clients ask for).
     cmd.args([
-        "-vv", "run", "--ttl", "2s", "--wait", "20s", "k", "--", "sh", "-c",
+        "-vv", "run", "--ttl", "2s", "--max-ttl", "2s", "--wait", "20s", "k", "--", "sh",
+        "-c",
     ])
     .arg(format!("echo $LEASEHOLD_FENCE > {}/ran", d.display()));
     let mut a = Proc::spawn(cmd, d, "a");

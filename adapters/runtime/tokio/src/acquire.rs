@@ -94,7 +94,8 @@ pub enum AcquireError {
     /// cannot help.
     Refused(Refusal),
     /// The wait bound ran out and the key was held by another, last time we asked:
-    /// by this holder (if the service said).
+    /// by this holder (if the service said); or the service was in quarantine after
+    /// a loss of state ([`Holder::is_quarantine`]).
     Busy {
         /// Who holds the key, with its fence and remaining TTL.
         holder: Option<Holder>,
@@ -122,6 +123,13 @@ impl fmt::Display for AcquireError {
             AcquireError::Refused(why) => {
                 write!(f, "the lock service refused the acquire for good: {why}")
             }
+            AcquireError::Busy { holder: Some(h) } if h.is_quarantine() => write!(
+                f,
+                "the lock service grants nothing for {} ms more: it is in quarantine, as it \
+                 may have lost grants that are still alive (new, restarted, restored or \
+                 failed-over data)",
+                h.remaining.as_millis()
+            ),
             AcquireError::Busy { holder: Some(h) } => write!(
                 f,
                 "the key is held by {} (fence {}, {} ms left)",

@@ -127,15 +127,40 @@ pub(crate) enum EpochScope {
 }
 
 /// The epoch marker in `slot`: `{leasehold-N}:epoch` with the smallest `N` whose hash
-/// tag falls in `slot` (about 16,000 tries on average: computed once per slot and
-/// kept by the service).
+/// tag falls in `slot`.
 #[cfg(feature = "cluster")]
 pub(crate) fn slot_epoch_key(slot: u16) -> String {
-    (0u32..)
-        .map(|n| format!("leasehold-{n}"))
-        .find(|tag| slot_of(tag.as_bytes()) == slot)
-        .map(|tag| format!("{{{tag}}}:epoch"))
-        .unwrap_or_default()
+    let n = slot_epoch_numbers()
+        .get(usize::from(slot))
+        .copied()
+        .unwrap_or_default();
+    format!("{{leasehold-{n}}}:epoch")
+}
+
+/// For each slot, the smallest `N` such that `leasehold-N` hashes to it: found in one
+/// pass over `N` (about 170,000 tags until every slot has one), once per process.
+#[cfg(feature = "cluster")]
+fn slot_epoch_numbers() -> &'static [u32] {
+    static NUMBERS: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
+    NUMBERS.get_or_init(|| {
+        let mut numbers = vec![u32::MAX; 16_384];
+        let mut left = numbers.len();
+        let mut tag = String::new();
+        for n in 0u32.. {
+            use std::fmt::Write as _;
+            tag.clear();
+            let _ = write!(tag, "leasehold-{n}");
+            let slot = usize::from(slot_of(tag.as_bytes()));
+            if let Some(first @ &mut u32::MAX) = numbers.get_mut(slot) {
+                *first = n;
+                left -= 1;
+                if left == 0 {
+                    break;
+                }
+            }
+        }
+        numbers
+    })
 }
 
 /// The lock key of `name`, `{name}`, written straight into a command: a request

@@ -1,5 +1,6 @@
 //! The service: scripts by SHA and the typed calls.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -75,9 +76,6 @@ struct Shared {
     reloads: AtomicU64,
     /// Where each lock's epoch marker lives.
     epoch: EpochScope,
-    /// The marker of each slot met so far (a cluster's).
-    #[cfg(feature = "cluster")]
-    slot_epochs: std::sync::Mutex<std::collections::HashMap<u16, Arc<str>>>,
 }
 
 struct Script {
@@ -215,8 +213,6 @@ where
                 fenced_write: Script::new(scripts::FENCED_WRITE),
                 reloads: AtomicU64::new(0),
                 epoch,
-                #[cfg(feature = "cluster")]
-                slot_epochs: std::sync::Mutex::default(),
             }),
             in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
         }
@@ -342,59 +338,62 @@ where
     /// keeps a second holder out then. On a cluster it marks every slot (16,384
     /// script calls).
     pub async fn mark_data_set_new(&self) -> Result<(), RedisLockError> {
-        let markers: Vec<Arc<str>> = match self.shared.epoch {
-            EpochScope::DataSet => vec![Arc::from(scripts::EPOCH_KEY)],
+        let markers: Vec<Cow<'static, str>> = match self.shared.epoch {
+            EpochScope::DataSet => vec![Cow::Borrowed(scripts::EPOCH_KEY)],
             #[cfg(feature = "cluster")]
             EpochScope::Slot => (0..16_384u16)
-                .map(|slot| Arc::from(crate::keys::slot_epoch_key(slot)))
+                .map(|slot| Cow::Owned(crate::keys::slot_epoch_key(slot)))
                 .collect(),
         };
-        let op = Op::MarkNew;
-        let endpoint = self.shared.endpoint.as_str();
-        for marker in markers {
-            let call = async {
-                let mut conn = self.conn.clone();
-                redis::cmd("EVAL")
-                    .arg(scripts::NEW_EPOCH)
-                    .arg(1)
-                    .arg(&*marker)
-                    .query_async::<Value>(&mut conn)
-                    .await
-                    .map_err(|e| RedisLockError::from_redis(op, endpoint, e))
-            };
-            match self.bounded(op, call).await? {
-                Value::Okay => {}
-                other => {
-                    return Err(self.protocol(ProtocolError::new(op, "OK", &other)));
-                }
+        // A few hundred at a time: a cluster's 16,384 take about a second.
+        for chunk in markers.chunks(256) {
+            let mut calls = tokio::task::JoinSet::new();
+            for marker in chunk {
+                let (service, marker) = (self.clone(), marker.clone());
+                calls.spawn(async move { service.mark_new(&marker).await });
+            }
+            while let Some(marked) = calls.join_next().await {
+                marked.map_err(|_| RedisLockError::InvalidRequest {
+                    op: Op::MarkNew,
+                    reason: "the task marking a slot's epoch panicked",
+                })??;
             }
         }
         Ok(())
     }
 
-    /// The epoch marker that guards lock `name` (a checked name).
-    fn epoch_key(&self, name: &str) -> Arc<str> {
-        #[cfg(not(feature = "cluster"))]
-        let _ = name;
-        match self.shared.epoch {
-            EpochScope::DataSet => Arc::from(scripts::EPOCH_KEY),
-            #[cfg(feature = "cluster")]
-            EpochScope::Slot => {
-                let slot = crate::keys::slot_of(format!("{{{name}}}").as_bytes());
-                let mut known = self
-                    .shared
-                    .slot_epochs
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                Arc::clone(
-                    known
-                        .entry(slot)
-                        .or_insert_with(|| Arc::from(crate::keys::slot_epoch_key(slot))),
-                )
-            }
+    /// Writes one epoch marker as [`NEW_EPOCH`](crate::lua::NEW_EPOCH) does.
+    async fn mark_new(&self, marker: &str) -> Result<(), RedisLockError> {
+        let op = Op::MarkNew;
+        let endpoint = self.shared.endpoint.as_str();
+        let call = async {
+            let mut conn = self.conn.clone();
+            redis::cmd("EVAL")
+                .arg(scripts::NEW_EPOCH)
+                .arg(1)
+                .arg(marker)
+                .query_async::<Value>(&mut conn)
+                .await
+                .map_err(|e| RedisLockError::from_redis(op, endpoint, e))
+        };
+        match self.bounded(op, call).await? {
+            Value::Okay => Ok(()),
+            other => Err(self.protocol(ProtocolError::new(op, "OK", &other))),
         }
     }
 
+    /// The epoch marker that guards lock `name` (a checked name).
+    fn epoch_key(&self, name: &str) -> Cow<'static, str> {
+        #[cfg(not(feature = "cluster"))]
+        let _ = name;
+        match self.shared.epoch {
+            EpochScope::DataSet => Cow::Borrowed(scripts::EPOCH_KEY),
+            #[cfg(feature = "cluster")]
+            EpochScope::Slot => Cow::Owned(crate::keys::slot_epoch_key(crate::keys::slot_of(
+                format!("{{{name}}}").as_bytes(),
+            ))),
+        }
+    }
     /// Replaces the expiry of lock `name` with now + `ttl` (whole milliseconds,
     /// rounded up) if `token` still holds it with `fence` (compare-and-`PEXPIRE`;
     /// reads only the lock key).
