@@ -2,6 +2,8 @@
 # The renewal benchmarks in smoke mode, against servers each bench starts itself:
 #   - Redis: every peer (leasehold-redis, raw redis-rs EVALSHA, rslock) at 1, 100 and
 #     1,000 leases for a fraction of a second each, then two failover trials;
+#   - Redis with a replica: renewals with min_replicas(1) (each followed by WAIT) and
+#     without, the same K;
 #   - etcd: leasehold-etcd, raw keep-alive, raw keep-alive + txn, the same K;
 #   - many leases: 100 on the in-memory service in both driver shapes (a task per
 #     lease, and a LeaseSet), and 1,000 in a LeaseSet on a real Redis for 5 s, failing
@@ -16,6 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export LEASEHOLD_BENCH_SMOKE=1
 cargo test -p leasehold-redis --bench renew --locked
+cargo test -p leasehold-redis --bench replicated --locked
 cargo test -p leasehold-etcd --bench renew_rate --locked
 cargo test -p leasehold-tokio --bench many_leases --locked
 cargo test -p leasehold-redis --bench many_leases --locked

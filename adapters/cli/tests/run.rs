@@ -459,7 +459,17 @@ fn a_redis_down_at_start_is_waited_for_within_wait() {
     // The Redis that comes up has no data: its first grant waits out the quarantine
     // (`--max-ttl`, the longest TTL its clients ask for).
     cmd.args([
-        "-vv", "run", "--ttl", "2s", "--max-ttl", "2s", "--wait", "20s", "k", "--", "sh",
+        "-vv",
+        "run",
+        "--ttl",
+        "2s",
+        "--max-ttl",
+        "2s",
+        "--wait",
+        "20s",
+        "k",
+        "--",
+        "sh",
         "-c",
     ])
     .arg(format!("echo $LEASEHOLD_FENCE > {}/ran", d.display()));

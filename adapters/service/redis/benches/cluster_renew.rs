@@ -48,7 +48,8 @@ fn main() {
         let token = Owner([0x42; 16]).token(Term(1));
         let leasehold = RedisLockService::connect_cluster(cluster.urls())
             .await
-            .expect("connect leasehold to the cluster");
+            .expect("connect leasehold to the cluster")
+            .with_max_ttl(StdDuration::from_millis(TTL_MS));
         // A new cluster: its first grants wait no quarantine.
         leasehold
             .mark_data_set_new()

@@ -163,9 +163,11 @@ fn raw_key(i: usize) -> String {
 impl Peers {
     async fn start(server: &RedisServer) -> Peers {
         let url = server.url();
+        // Its defaults, but for `max_ttl`: the bench's TTL (a day) is longer.
         let leasehold = RedisLockService::connect(&url)
             .await
-            .expect("connect leasehold-redis");
+            .expect("connect leasehold-redis")
+            .with_max_ttl(StdDuration::from_millis(TTL_MS));
         let token = Owner([0x42; 16]).token(Term(1));
         // The same 1 s bound on each request as leasehold's default (redis-rs's own
         // default, 500 ms, is what rslock gets).
@@ -195,7 +197,8 @@ impl Peers {
         let leasehold_mux = RedisLockService::from_connection(mux)
             .await
             .expect("leasehold on a multiplexed connection")
-            .with_request_timeout(Some(StdDuration::from_secs(1)));
+            .with_request_timeout(Some(StdDuration::from_secs(1)))
+            .with_max_ttl(StdDuration::from_millis(TTL_MS));
         let rslock = rslock::LockManager::new(vec![url]);
         let max = LEASES.iter().copied().max().unwrap_or(0);
         let mut rslocks = Vec::with_capacity(max);

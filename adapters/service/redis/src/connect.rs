@@ -14,6 +14,7 @@ pub struct Builder {
     url: String,
     request_timeout: Option<std::time::Duration>,
     max_ttl: std::time::Duration,
+    min_replicas: u32,
     max_in_flight: usize,
     connect_timeout: std::time::Duration,
     reconnect_min_delay: std::time::Duration,
@@ -32,6 +33,7 @@ impl RedisLockService {
             url: url.into(),
             request_timeout: Some(std::time::Duration::from_secs(1)),
             max_ttl: crate::DEFAULT_MAX_TTL,
+            min_replicas: 0,
             max_in_flight: crate::MAX_IN_FLIGHT,
             connect_timeout: std::time::Duration::from_millis(500),
             reconnect_min_delay: std::time::Duration::from_millis(10),
@@ -79,6 +81,14 @@ impl Builder {
     /// [`RedisLockService::with_max_ttl`].
     pub fn max_ttl(mut self, max_ttl: std::time::Duration) -> Self {
         self.max_ttl = max_ttl;
+        self
+    }
+
+    /// Replicas that must confirm a grant or a renewal before it counts (default 0);
+    /// see [`RedisLockService::with_min_replicas`]. [`connect`](Self::connect) checks
+    /// that the primary has that many replicas connected.
+    pub fn min_replicas(mut self, replicas: u32) -> Self {
+        self.min_replicas = replicas;
         self
     }
 
@@ -140,11 +150,23 @@ impl Builder {
                     endpoint: endpoint.clone(),
                     after: bound,
                 })?;
-        loaded.map(|s| {
-            s.with_request_timeout(self.request_timeout)
-                .with_max_ttl(self.max_ttl)
-                .with_max_in_flight(self.max_in_flight)
-        })
+        let service = loaded?
+            .with_request_timeout(self.request_timeout)
+            .with_max_ttl(self.max_ttl)
+            .with_min_replicas(self.min_replicas)
+            .with_max_in_flight(self.max_in_flight);
+        if self.min_replicas > 0 {
+            let connected = service.connected_replicas().await?;
+            if connected < self.min_replicas {
+                return Err(RedisLockError::TooFewReplicas {
+                    op: Op::Connect,
+                    endpoint,
+                    wanted: self.min_replicas,
+                    confirmed: connected,
+                });
+            }
+        }
+        Ok(service)
     }
 
     /// The service, without connecting: the first request connects (and every
@@ -168,6 +190,7 @@ impl Builder {
             RedisLockService::unloaded(manager, &endpoint, EpochScope::DataSet)
                 .with_request_timeout(self.request_timeout)
                 .with_max_ttl(self.max_ttl)
+                .with_min_replicas(self.min_replicas)
                 .with_max_in_flight(self.max_in_flight),
         )
     }

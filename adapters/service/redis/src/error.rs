@@ -182,6 +182,22 @@ pub enum RedisLockError {
         /// Why.
         reason: &'static str,
     },
+    /// A grant or a renewal was made on the primary, but fewer replicas than
+    /// [`min_replicas`](crate::RedisLockService::with_min_replicas) confirmed it within
+    /// the request timeout: its outcome is unknown (`Indeterminate(Service)`), and the
+    /// lease retries within its budget. Persistent when the primary has fewer replicas
+    /// connected than that; [`Builder::connect`](crate::Builder::connect) checks it and
+    /// fails with this error (`op` `Connect`).
+    TooFewReplicas {
+        /// The request.
+        op: Op,
+        /// Where: `host:port` of the Redis server.
+        endpoint: String,
+        /// `min_replicas`.
+        wanted: u32,
+        /// How many replicas `WAIT` counted.
+        confirmed: u32,
+    },
     /// An acquire or a renewal asked for a TTL above the service's
     /// [`max_ttl`](crate::RedisLockService::with_max_ttl), which its quarantine after
     /// a loss of state would not cover. Not sent; a final refusal (`Unsupported`).
@@ -212,6 +228,7 @@ impl RedisLockError {
             | RedisLockError::Transport { op, .. }
             | RedisLockError::Timeout { op, .. }
             | RedisLockError::Service { op, .. }
+            | RedisLockError::TooFewReplicas { op, .. }
             | RedisLockError::InvalidRequest { op, .. }
             | RedisLockError::TtlAboveMax { op, .. } => *op,
             RedisLockError::Protocol(e) => e.op,
@@ -250,7 +267,9 @@ impl RedisLockError {
         match self {
             RedisLockError::Transport { .. } => Some(Indeterminate::Transport),
             RedisLockError::Timeout { .. } => Some(Indeterminate::Timeout),
-            RedisLockError::Service { .. } => Some(Indeterminate::Service),
+            RedisLockError::Service { .. } | RedisLockError::TooFewReplicas { .. } => {
+                Some(Indeterminate::Service)
+            }
             RedisLockError::Protocol(_) => Some(Indeterminate::Protocol),
             _ => None,
         }
@@ -424,6 +443,29 @@ impl fmt::Display for RedisLockError {
             ),
             RedisLockError::Protocol(e) => e.fmt(f),
             RedisLockError::InvalidRequest { op, reason } => write!(f, "{op}: not sent: {reason}"),
+            RedisLockError::TooFewReplicas {
+                op: Op::Connect,
+                endpoint,
+                wanted,
+                confirmed,
+            } => write!(
+                f,
+                "connect to {endpoint}: min_replicas({wanted}), but the primary has {confirmed} \
+                 replica(s) connected (INFO replication), so no grant could be confirmed; connect the \
+                 replicas first, or lower min_replicas"
+            ),
+            RedisLockError::TooFewReplicas {
+                op,
+                endpoint,
+                wanted,
+                confirmed,
+            } => write!(
+                f,
+                "{op} on {endpoint}: done on the primary, but {confirmed} of the {wanted} \
+                 replicas asked for (min_replicas) confirmed it in time, so it does not count \
+                 (the lease retries within its budget); check `ROLE` on the primary: fewer \
+                 replicas connected than min_replicas never confirm"
+            ),
             RedisLockError::TtlAboveMax { op, asked, max } => write!(
                 f,
                 "{op}: not sent: a TTL of {asked:?} is above this service's max_ttl of \

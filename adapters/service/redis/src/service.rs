@@ -34,6 +34,9 @@ pub const MAX_IN_FLIGHT: usize = 1024;
 /// `leasehold-resp`'s, so that both kinds of client of one Redis agree.
 pub const DEFAULT_MAX_TTL: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// How long a `WAIT` may take when the service has no request timeout.
+const DEFAULT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The script arguments of a call that has none.
 const NO_ARGS: &[&str; 0] = &[];
 
@@ -58,6 +61,8 @@ pub struct RedisLockService<C = ConnectionManager> {
     conn: C,
     request_timeout: Option<std::time::Duration>,
     max_ttl: Duration,
+    /// Replicas that must have a grant or a renewal before it counts (`WAIT`).
+    min_replicas: u32,
     shared: Arc<Shared>,
     /// Permits to have a script call on the wire ([`MAX_IN_FLIGHT`] by default).
     in_flight: Arc<tokio::sync::Semaphore>,
@@ -98,6 +103,7 @@ impl<C> std::fmt::Debug for RedisLockService<C> {
             .field("endpoint", &self.shared.endpoint)
             .field("request_timeout", &self.request_timeout)
             .field("max_ttl", &self.max_ttl)
+            .field("min_replicas", &self.min_replicas)
             .field(
                 "script_reloads",
                 &self.shared.reloads.load(Ordering::Relaxed),
@@ -203,6 +209,7 @@ where
             conn,
             request_timeout: None,
             max_ttl: Duration::from(DEFAULT_MAX_TTL),
+            min_replicas: 0,
             shared: Arc::new(Shared {
                 endpoint: endpoint.to_owned(),
                 acquire: Script::new(scripts::ACQUIRE),
@@ -242,6 +249,63 @@ where
     pub fn with_max_ttl(mut self, max_ttl: std::time::Duration) -> Self {
         self.max_ttl = Duration::from(max_ttl);
         self
+    }
+
+    /// Counts a grant or a renewal only once `replicas` replicas have it
+    /// (replication-synchronous grants; default 0: as soon as the primary has it).
+    ///
+    /// Each acquire and renewal is followed, on the same connection, by
+    /// `WAIT replicas <the rest of its request timeout>`: if fewer replicas confirm
+    /// the script's writes in time, the outcome is unknown
+    /// ([`RedisLockError::TooFewReplicas`], `Indeterminate`) and the lease retries
+    /// within its budget. A failover to a replica that confirmed then keeps every
+    /// grant: the holder goes on renewing instead of losing its lease (and, without
+    /// it, the quarantine still keeps out a second holder). Redis's replication stays
+    /// asynchronous for everything else, and `WAIT` counts replicas that received the
+    /// writes, not ones that persisted them.
+    ///
+    /// A `WAIT` holds its connection until the replicas answer (about one round trip
+    /// to them), so the connection is busy for that long after every grant and
+    /// renewal: measure the rate you need (`benches/replicated.rs`). A `WAIT` that
+    /// falls short waits half of what is left of the request timeout, and Redis
+    /// notices that on its next event-loop pass (up to 1/`hz`, 100 ms by default,
+    /// later): give the service a request timeout of at least 300 ms, and the lease's
+    /// config the same (`Config::request_timeout`).
+    #[must_use]
+    pub fn with_min_replicas(mut self, replicas: u32) -> Self {
+        self.min_replicas = replicas;
+        self
+    }
+
+    /// How many replicas must confirm a grant or a renewal
+    /// ([`with_min_replicas`](Self::with_min_replicas)).
+    pub fn min_replicas(&self) -> u32 {
+        self.min_replicas
+    }
+
+    /// How many replicas are connected to the primary now (`connected_slaves` of
+    /// `INFO replication`; one still in its first sync counts).
+    pub async fn connected_replicas(&self) -> Result<u32, RedisLockError> {
+        let op = Op::Connect;
+        let endpoint = self.shared.endpoint.as_str();
+        let call = async {
+            let mut conn = self.conn.clone();
+            redis::cmd("INFO")
+                .arg("replication")
+                .query_async::<Value>(&mut conn)
+                .await
+                .map_err(|e| RedisLockError::from_redis(op, endpoint, e))
+        };
+        let info = self.bounded(op, call).await?;
+        let text = match &info {
+            Value::BulkString(bytes) => String::from_utf8_lossy(bytes),
+            Value::VerbatimString { text, .. } => text.as_str().into(),
+            _ => return Err(self.protocol(ProtocolError::new(op, "INFO's text", &info))),
+        };
+        text.lines()
+            .find_map(|line| line.strip_prefix("connected_slaves:"))
+            .and_then(|n| n.trim().parse().ok())
+            .ok_or_else(|| self.protocol(ProtocolError::new(op, "connected_slaves in INFO", &info)))
     }
 
     /// The longest TTL an acquire may ask for, and the quarantine after a loss of
@@ -295,8 +359,8 @@ where
         let quarantine = ttl_ms(self.max_ttl).0;
         let encoded = token.encode();
         let epoch = self.epoch_key(name);
-        let value = self
-            .eval(
+        let (value, replicas) = self
+            .eval_replicated(
                 op,
                 &self.shared.acquire,
                 (LockKey(name), FenceKey(name), &*epoch),
@@ -305,11 +369,14 @@ where
             .await?;
         Ok(
             match scripts::parse_acquire(&value).map_err(|e| self.protocol(e))? {
-                AcquireReply::Granted { fence, regranted } => Acquired::Granted {
-                    fence,
-                    ttl: applied,
-                    regranted,
-                },
+                AcquireReply::Granted { fence, regranted } => {
+                    self.replicated(op, replicas)?;
+                    Acquired::Granted {
+                        fence,
+                        ttl: applied,
+                        regranted,
+                    }
+                }
                 AcquireReply::HeldByAnother(holder) => Acquired::HeldByAnother(holder),
                 AcquireReply::Quarantined(remaining) => Acquired::Quarantined { remaining },
             },
@@ -412,11 +479,12 @@ where
             token,
             fence: Some(fence),
         };
-        let value = self
-            .eval(op, &self.shared.renew, LockKey(name), (prefix, ms))
+        let (value, replicas) = self
+            .eval_replicated(op, &self.shared.renew, LockKey(name), (prefix, ms))
             .await?;
         Ok(
             if scripts::parse_flag(op, &value).map_err(|e| self.protocol(e))? {
+                self.replicated(op, replicas)?;
                 Renewed::Renewed { ttl: applied }
             } else {
                 Renewed::NotOwner
@@ -576,6 +644,39 @@ where
         })
     }
 
+    /// A grant or a renewal counts only if `min_replicas` replicas confirmed it:
+    /// `replicas` is what `WAIT` answered (`None` when none was asked).
+    fn replicated(&self, op: Op, replicas: Option<i64>) -> Result<(), RedisLockError> {
+        match replicas {
+            Some(confirmed) if confirmed < i64::from(self.min_replicas) => {
+                Err(RedisLockError::TooFewReplicas {
+                    op,
+                    endpoint: self.shared.endpoint.clone(),
+                    wanted: self.min_replicas,
+                    confirmed: u32::try_from(confirmed).unwrap_or(0),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// [`eval`](Self::eval), followed on the same connection by `WAIT min_replicas
+    /// <time left>` when replicas must confirm: the script's answer and how many
+    /// replicas have its writes (and everything before them on this connection).
+    async fn eval_replicated(
+        &self,
+        op: Op,
+        script: &Script,
+        keys: impl ToRedisArgs,
+        args: impl ToRedisArgs,
+    ) -> Result<(Value, Option<i64>), RedisLockError> {
+        if self.min_replicas == 0 {
+            return self.eval(op, script, keys, args).await.map(|v| (v, None));
+        }
+        self.run_script(op, script, keys, args, Some(self.min_replicas))
+            .await
+    }
+
     /// `EVALSHA`, reloading the script once on `NOSCRIPT`, bounded by the timeout.
     ///
     /// `keys` and `args` are written straight into the one command buffer (sized for
@@ -587,6 +688,24 @@ where
         keys: impl ToRedisArgs,
         args: impl ToRedisArgs,
     ) -> Result<Value, RedisLockError> {
+        self.run_script(op, script, keys, args, None)
+            .await
+            .map(|(value, _)| value)
+    }
+
+    /// `EVALSHA` (and `WAIT replicas …` after it in one pipeline, when asked),
+    /// reloading the script once on `NOSCRIPT`, bounded by the timeout.
+    ///
+    /// `keys` and `args` are written straight into the one command buffer (sized for
+    /// the usual request up front): the renew path allocates no strings of its own.
+    async fn run_script(
+        &self,
+        op: Op,
+        script: &Script,
+        keys: impl ToRedisArgs,
+        args: impl ToRedisArgs,
+        replicas: Option<u32>,
+    ) -> Result<(Value, Option<i64>), RedisLockError> {
         let endpoint = self.shared.endpoint.as_str();
         let started = tokio::time::Instant::now();
         let call = async {
@@ -609,12 +728,12 @@ where
                 .arg(keys)
                 .arg(args);
             let mut conn = self.conn.clone();
-            match cmd.query_async::<Value>(&mut conn).await {
+            match self.send(&mut conn, &cmd, replicas, started).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     self.shared.reloads.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(%op, sha = %script.sha, "Redis forgot the script (NOSCRIPT): reloading it");
                     self.load(op, script).await?;
-                    cmd.query_async::<Value>(&mut conn)
+                    self.send(&mut conn, &cmd, replicas, started)
                         .await
                         .map_err(|e| RedisLockError::from_redis(op, endpoint, e))
                 }
@@ -622,6 +741,37 @@ where
             }
         };
         self.bounded(op, call).await
+    }
+
+    /// `cmd` on `conn`, followed by `WAIT replicas <time left>` in one pipeline when
+    /// asked: the answer, and the replicas that confirmed.
+    async fn send(
+        &self,
+        conn: &mut C,
+        cmd: &redis::Cmd,
+        replicas: Option<u32>,
+        started: tokio::time::Instant,
+    ) -> redis::RedisResult<(Value, Option<i64>)> {
+        let Some(n) = replicas else {
+            return cmd.query_async::<Value>(conn).await.map(|v| (v, None));
+        };
+        // Half of what is left of the request timeout: Redis notices a WAIT's timeout
+        // on its next event-loop pass, up to 1/hz later (100 ms by default), and the
+        // shortfall must still arrive in time. At least 1 ms (WAIT 0 waits forever).
+        let left = (self
+            .request_timeout
+            .unwrap_or(DEFAULT_WAIT)
+            .saturating_sub(started.elapsed())
+            .as_millis()
+            / 2)
+        .max(1);
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd.clone())
+            .cmd("WAIT")
+            .arg(n)
+            .arg(u64::try_from(left).unwrap_or(u64::MAX));
+        let (value, confirmed): (Value, i64) = pipe.query_async(conn).await?;
+        Ok((value, Some(confirmed)))
     }
 
     /// `call`, bounded by the request timeout.

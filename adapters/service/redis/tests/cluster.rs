@@ -307,3 +307,38 @@ async fn unusable_seeds_fail_connect_cluster_with_a_typed_error_promptly() {
         "{down:?}"
     );
 }
+
+/// `min_replicas` on a cluster: each grant and renewal waits for the replica of its
+/// slot's primary (the `WAIT` goes to the same node as the script); asking for more
+/// replicas than a primary has is an unknown outcome, never a grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_on_a_cluster_waits_for_each_slots_replica() {
+    use leasehold::{Identity, Owner, Term};
+    use leasehold_redis::{Acquired, RedisLockError, Renewed};
+
+    let (_cluster, service) = start_cluster().await;
+    let one = (*service).clone().with_min_replicas(1);
+    let ttl = Duration::from_secs(3);
+    let token = Owner([3; 16]).token(Term(1));
+    for name in ["orders", "lease-1", "lease-2", "lease-3"] {
+        let Ok(Acquired::Granted { fence, .. }) =
+            one.try_acquire(name, token, &Identity::EMPTY, ttl).await
+        else {
+            panic!("{name}: not granted with one replica confirming")
+        };
+        assert_eq!(
+            one.try_renew(name, token, fence, ttl).await.unwrap(),
+            Renewed::Renewed { ttl }
+        );
+    }
+    let two = (*service).clone().with_min_replicas(2);
+    let token = Owner([4; 16]).token(Term(1));
+    match two.try_acquire("k-two", token, &Identity::EMPTY, ttl).await {
+        Err(RedisLockError::TooFewReplicas {
+            wanted: 2,
+            confirmed: 1,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+}

@@ -69,6 +69,18 @@ fn main() {
             failover_lost_write,
         ),
         (
+            "unconfirmed_renewals_do_not_count_with_min_replicas",
+            unconfirmed_renewals_do_not_count,
+        ),
+        (
+            "failover_with_min_replicas_keeps_the_lease_and_no_second_holder",
+            failover_with_min_replicas,
+        ),
+        (
+            "min_replicas_above_the_replicas_there_are_is_a_clear_error",
+            min_replicas_above_the_replicas,
+        ),
+        (
             "garbage_in_redis_ends_the_acquire_with_a_final_refusal",
             garbage_in_redis,
         ),
@@ -815,6 +827,183 @@ fn failover_lost_write() {
         direct.try_release("lw", b_token).await.unwrap();
         assert!(storage.write(fence_a).is_err(), "A's late write");
         storage.assert_no_stale_admitted();
+    });
+}
+
+/// Replication-synchronous grants (`min_replicas(1)`): a renewal the replica did not
+/// confirm in time does not count (an unknown outcome, retried within the budget).
+fn unconfirmed_renewals_do_not_count() {
+    let primary = RedisServer::start();
+    run_local(async {
+        // The replica replicates through a proxy, so the test can stall the stream.
+        let link = Proxy::start(primary.port()).await;
+        let link_port = link.port();
+        let replica = tokio::task::spawn_blocking(move || {
+            RedisServer::start_with(RedisOptions {
+                replica_of: Some(link_port),
+                ..RedisOptions::default()
+            })
+        })
+        .await
+        .unwrap();
+        // Each WAIT is bounded by the request timeout: the lease's own (TTL/10).
+        let service = replicated_service(&primary.url(), 1).await;
+        let mut a = spawn_term(service.clone(), "mr", config(3_000));
+        let (fence_a, _) = a.acquired(std_ms(2_000)).await;
+        link.set_mode(ProxyMode::Stall);
+        let (_, failed) = a
+            .next_event("an unconfirmed renewal", std_ms(3_000), |e| {
+                matches!(e, Event::RenewFailed { .. })
+            })
+            .await;
+        assert!(
+            matches!(
+                failed,
+                Event::RenewFailed {
+                    reason: leasehold::Indeterminate::Service,
+                    ..
+                }
+            ),
+            "{failed:?}"
+        );
+        link.set_mode(ProxyMode::Forward);
+        let _ = a
+            .next_event("a confirmed renewal", std_ms(3_000), |e| {
+                matches!(e, Event::Renewed { .. })
+            })
+            .await;
+        assert_eq!(a.gate.check(mono_now()), Ok(fence_a));
+        assert_eq!(a.release().await, TermEnd::Released);
+        drop(replica);
+    });
+}
+
+/// The service the replication tests use: TTLs up to 3 s, `min_replicas`, and a 300 ms
+/// request timeout (the lease's own, TTL/10) that bounds each `WAIT`.
+async fn replicated_service(url: &str, replicas: u32) -> RedisLockService {
+    RedisLockService::builder(url)
+        .request_timeout(Some(std_ms(300)))
+        .max_ttl(std_ms(3_000))
+        .min_replicas(replicas)
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// A failover with `min_replicas(1)`, as Sentinel makes one: the primary dies, one
+/// replica is promoted, the other follows it. Every grant and renewal the holder
+/// counted is on the promoted replica, so the holder renews there (once the other
+/// replica confirms again) and a contender is told it holds: no second holder, and
+/// the lease survives.
+fn failover_with_min_replicas() {
+    let mut primary = RedisServer::start();
+    let replica_of = |port: u16| {
+        move || {
+            RedisServer::start_with(RedisOptions {
+                replica_of: Some(port),
+                ..RedisOptions::default()
+            })
+        }
+    };
+    run_local(async {
+        let port = primary.port();
+        let next = tokio::task::spawn_blocking(replica_of(port)).await.unwrap();
+        let other = tokio::task::spawn_blocking(replica_of(port)).await.unwrap();
+        let proxy = Proxy::start(primary.port()).await;
+        let service = replicated_service(&proxy_url(&proxy), 1).await;
+        let mut a = spawn_term(service.clone(), "fo", config(3_000));
+        let (fence_a, _) = a.acquired(std_ms(2_000)).await;
+        let _ = a
+            .next_event("a renewal", std_ms(3_000), |e| {
+                matches!(e, Event::Renewed { .. })
+            })
+            .await;
+
+        let killed = mono_now();
+        primary.kill();
+        promote(&next).await;
+        let reply = other
+            .inline(&format!("REPLICAOF 127.0.0.1 {}", next.port()))
+            .unwrap();
+        assert!(reply.starts_with("+OK"), "{reply}");
+        proxy.retarget(next.port());
+        proxy.cut();
+        let direct = service_at(&next).await;
+        let b_token = leasehold_redis::random_owner().token(leasehold::Term(1));
+        match direct
+            .try_acquire("fo", b_token, &leasehold::Identity::EMPTY, ms(1_000))
+            .await
+            .unwrap()
+        {
+            Acquired::HeldByAnother(holder) => assert_eq!(holder.fence, fence_a),
+            other => panic!("the promoted replica must know A's grant: {other:?}"),
+        }
+        let (renewed, _) = a
+            .next_event("a renewal on the promoted replica", std_ms(4_000), |e| {
+                matches!(e, Event::Renewed { .. })
+            })
+            .await;
+        assert_eq!(a.count(|e| matches!(e, Event::Lost { .. })), 0);
+        assert_eq!(a.gate.check(mono_now()), Ok(fence_a));
+        report(
+            "failover_with_min_replicas",
+            format!(
+                "the lease survived; renewed and confirmed on the promoted replica {} ms after \
+                 the kill",
+                renewed.saturating_duration_since(killed).as_millis()
+            ),
+        );
+        assert_eq!(a.release().await, TermEnd::Released);
+    });
+}
+
+/// `min_replicas` above the replicas connected: `connect` fails at once naming both
+/// numbers; a lazily connected service's grants are unknown outcomes (never granted)
+/// with the same explanation, within the request timeout.
+fn min_replicas_above_the_replicas() {
+    let primary = RedisServer::start();
+    let replica = RedisServer::start_with(RedisOptions {
+        replica_of: Some(primary.port()),
+        ..RedisOptions::default()
+    });
+    run_local(async {
+        let err = RedisLockService::builder(primary.url())
+            .min_replicas(2)
+            .connect()
+            .await
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("min_replicas(2)") && text.contains("has 1 replica(s) connected"),
+            "{text}"
+        );
+        let lazy = RedisLockService::builder(primary.url())
+            .request_timeout(Some(std_ms(200)))
+            .max_ttl(std_ms(1_000))
+            .min_replicas(2)
+            .connect_lazily()
+            .await
+            .unwrap();
+        let token = leasehold_redis::random_owner().token(leasehold::Term(1));
+        let started = mono_now();
+        let err = lazy
+            .try_acquire("few", token, &leasehold::Identity::EMPTY, ms(1_000))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                RedisLockError::TooFewReplicas {
+                    wanted: 2,
+                    confirmed: 1,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(err.indeterminate(), Some(leasehold::Indeterminate::Service));
+        assert!(mono_now().saturating_duration_since(started) < ms(1_000));
+        drop(replica);
     });
 }
 
