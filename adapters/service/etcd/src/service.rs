@@ -287,6 +287,17 @@ impl Builder {
                 options
             }
         };
+        if ttl_secs(Duration::from(self.max_ttl)).is_none() {
+            return Err(
+                EtcdLockError::new(Op::Connect, ErrorKind::Config, &endpoints).because(
+                    format_args!(
+                        "max_ttl {:?} is above etcd's maximum lease TTL ({MAX_TTL_SECS} s): the \
+                     quarantine could not be timed",
+                        self.max_ttl
+                    ),
+                ),
+            );
+        }
         let bound = self.connect_timeout.saturating_add(self.request_timeout);
         let client = match tokio::time::timeout(
             bound,

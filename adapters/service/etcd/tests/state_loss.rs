@@ -234,3 +234,19 @@ async fn a_restore_while_clients_run_never_lets_two_holders_pass_check() {
         first.at - restored
     );
 }
+
+/// A quarantine longer than etcd's longest lease is a configuration error, at once.
+#[tokio::test]
+async fn a_max_ttl_above_etcds_longest_lease_is_refused_at_connect() {
+    let err = EtcdLockService::builder(["127.0.0.1:1"])
+        .max_ttl(StdDuration::from_secs(10_000_000_000))
+        .connect()
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), leasehold_etcd::ErrorKind::Config);
+    let cause = std::error::Error::source(&err).map(ToString::to_string);
+    assert!(
+        cause.as_deref().is_some_and(|c| c.contains("max_ttl")),
+        "{err}: {cause:?}"
+    );
+}

@@ -135,6 +135,7 @@ impl Builder {
     /// connect timeout if there is none).
     pub async fn connect(self) -> Result<RedisLockService, RedisLockError> {
         let (client, config, endpoint) = self.client()?;
+        self.check_max_ttl()?;
         let conn = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(|e| RedisLockError::from_redis(Op::Connect, &endpoint, e))?;
@@ -184,6 +185,7 @@ impl Builder {
     /// it runs in; it sends nothing.
     pub async fn connect_lazily(self) -> Result<RedisLockService, RedisLockError> {
         let (client, config, endpoint) = self.client()?;
+        self.check_max_ttl()?;
         let manager = ConnectionManager::new_lazy_with_config(client, config)
             .map_err(|e| RedisLockError::from_redis(Op::Connect, &endpoint, e))?;
         Ok(
@@ -193,6 +195,21 @@ impl Builder {
                 .with_min_replicas(self.min_replicas)
                 .with_max_in_flight(self.max_in_flight),
         )
+    }
+
+    /// A `max_ttl` the quarantine can time: at most 2^43 ms.
+    fn check_max_ttl(&self) -> Result<(), RedisLockError> {
+        if self.max_ttl > crate::service::MAX_QUARANTINE {
+            return Err(RedisLockError::Config {
+                url: check_url(&self.url)?,
+                reason: format!(
+                    "max_ttl {:?} is above 2^43 ms (278 years), the longest quarantine the \
+                     scripts can time exactly",
+                    self.max_ttl
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// The client for the URL (checked, with TLS roots when set), the connection

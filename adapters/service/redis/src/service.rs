@@ -34,6 +34,10 @@ pub const MAX_IN_FLIGHT: usize = 1024;
 /// `leasehold-resp`'s, so that both kinds of client of one Redis agree.
 pub const DEFAULT_MAX_TTL: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// The longest `max_ttl`: Redis's clock in ms plus it must stay an exact Lua number
+/// that prints as an integer (under 10^14).
+pub(crate) const MAX_QUARANTINE: std::time::Duration = std::time::Duration::from_millis(1 << 43);
+
 /// How long a `WAIT` may take when the service has no request timeout.
 const DEFAULT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -386,6 +390,13 @@ where
     /// Refuses a TTL above `max_ttl`: a grant (or a renewal) longer than the quarantine
     /// could outlive it.
     fn within_max_ttl(&self, op: Op, ttl: Duration) -> Result<(), RedisLockError> {
+        if self.max_ttl > Duration::from(MAX_QUARANTINE) {
+            return Err(RedisLockError::InvalidRequest {
+                op,
+                reason: "max_ttl is above 2^43 ms (278 years), the longest quarantine the \
+                         scripts can time exactly",
+            });
+        }
         if ttl > self.max_ttl {
             return Err(RedisLockError::TtlAboveMax {
                 op,

@@ -259,3 +259,25 @@ fn a_data_set_marked_new_grants_at_once() {
         assert!(matches!(acquire().await, Ok(Acquired::Granted { .. })));
     });
 }
+
+/// A quarantine longer than the scripts can time is a configuration error, at once.
+#[test]
+fn a_max_ttl_too_long_to_time_is_refused_at_connect() {
+    runtime().block_on(async {
+        let too_long = StdDuration::from_millis(1 << 44);
+        for lazily in [false, true] {
+            let builder = RedisLockService::builder("redis://127.0.0.1:1").max_ttl(too_long);
+            let result = if lazily {
+                builder.connect_lazily().await
+            } else {
+                builder.connect().await
+            };
+            match result {
+                Err(e @ RedisLockError::Config { .. }) => {
+                    assert!(e.to_string().contains("max_ttl"), "{e}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    });
+}

@@ -282,9 +282,12 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
     /// snapshot, a promoted replica), no free key is granted for this long, so that
     /// every grant Redis may have forgotten has expired first. Give every client of
     /// one Redis the same value, at least the longest TTL any of them asks for.
+    ///
+    /// At most 2^43 ms (278 years, the longest quarantine the script times exactly); a
+    /// longer one is taken as that, and TTLs above it are refused.
     #[must_use]
     pub fn with_max_ttl(mut self, max_ttl: Duration) -> Self {
-        self.max_ttl = max_ttl;
+        self.max_ttl = max_ttl.min(Duration::from_millis(1 << 43));
         self
     }
 
