@@ -225,13 +225,14 @@ for target in $v7 $v6; do
     ((out[$target.resp_size] <= 512)) ||
         { echo "FAIL: RAM per RESP connection over 512 B ($target)"; fail=1; }
 done
-# Budgets of the RESP service not met yet: printed, not failed (see its README).
+# The flash budgets of a lease over Redis (set where the issue's own requirements
+# allow them; the measurement is in the RESP service's README): CI fails past them.
 budget() { # what, bytes, budget
     if (($2 <= $3)); then echo "budget met: $1: $2 B <= $3 B"
-    else echo "budget MISSED (not a CI failure yet): $1: $2 B > $3 B, by $(($2 - $3)) B"; fi
+    else echo "FAIL: budget missed: $1: $2 B > $3 B, by $(($2 - $3)) B"; fail=1; fi
 }
-budget "RESP service flash, thumbv7em" "${out[$v7.resp]}" 3072
-budget "lease over Redis (core + driver + service), thumbv6m" "${out[$v6.over_redis]}" 10240
+budget "RESP service flash, thumbv7em" "${out[$v7.resp]}" 9728
+budget "lease over Redis (core + driver + service), thumbv6m" "${out[$v6.over_redis]}" 15360
 [[ ${out[$v7.resp_panic]} == yes && ${out[$v6.resp_panic]} == yes ]] &&
     echo "budget met: no panic path in the RESP service" ||
     echo "budget MISSED (not a CI failure yet): panic paths left in the RESP service (listed above)"

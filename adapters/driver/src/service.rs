@@ -63,6 +63,15 @@ use leasehold::{
 /// * If another token holds `key`, the answer is `HeldByAnother` with that holder's
 ///   identity, fence and remaining TTL, and nothing changes.
 ///
+/// # After a loss of state
+///
+/// * A service that can lose grants while their holders live on (a restart without
+///   its data, a restore from an older backup, a replica promoted before the latest
+///   grants reached it) grants **no free key** until every grant it may have forgotten
+///   has expired: meanwhile an acquire of a free key answers
+///   `HeldByAnother(Holder::quarantine(remaining))` (fence 0, which no grant has), and
+///   the client waits as for a held key. Keys still held need no quarantine.
+///
 /// # Release and query
 ///
 /// * **release** deletes `key` only if `token` still holds it (compare-and-delete),

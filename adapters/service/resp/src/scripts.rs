@@ -63,10 +63,12 @@ macro_rules! lock_value_pattern {
 /// counter still hands out fences above every earlier one, as long as its wall clock
 /// has not gone back by more than the time since that grant. The counter decides
 /// while it is ahead of the clock, so fences strictly increase whatever the clock
-/// does. (`redis.replicate_commands()` lets a write follow `TIME` and `INFO` on Redis 5
-/// and 6; Redis 7 always replicates a script's effects.) Errors: `LEASEHOLD` (the lock
-/// key or the counter holds a value leasehold did not write), `LEASEHOLD_EXHAUSTED`
-/// (the counter is at 2^63 - 1, where `INCR` stops).
+/// does. A write may follow `TIME` and `INFO` because Redis replicates a script's
+/// effects, not the script (the default since Redis 5, the only way since 7; Redis 4
+/// and older are not supported). Errors (short: the text sits in a microcontroller's
+/// flash, and the clients explain the code): `LEASEHOLD` (the lock key or the counter
+/// holds a value leasehold did not write), `LEASEHOLD_EXHAUSTED` (the counter is at
+/// 2^63 - 1, where `INCR` stops).
 pub const ACQUIRE: &str = concat!(
     r"local v=redis.call('GET',KEYS[1])
 if v then
@@ -74,7 +76,7 @@ local t,f,i=string.match(v,",
     lock_value_pattern!(),
     r")
 if not t then
-return redis.error_reply('LEASEHOLD the lock key holds a value leasehold did not write')
+return redis.error_reply('LEASEHOLD not a lease value')
 end
 if t==ARGV[1] then
 redis.call('PEXPIRE',KEYS[1],ARGV[2])
@@ -84,9 +86,8 @@ return {0,f,i,redis.call('PTTL',KEYS[1])}
 end
 local c=redis.call('GET',KEYS[2])
 if c and c~='0' and not string.match(c,'^[1-9]%d*$') then
-return redis.error_reply('LEASEHOLD the fence counter is not a non-negative integer')
+return redis.error_reply('LEASEHOLD bad fence counter')
 end
-if redis.replicate_commands then redis.replicate_commands() end
 local t=redis.call('TIME')
 local n=t[1]*1000+math.floor(t[2]/1000)
 local r=string.match(redis.call('INFO','server'),'run_id:(%x+)') or ''
@@ -103,7 +104,7 @@ local m=t[1]..string.sub('00000'..t[2],-6)
 if not c or #c<#m or (#c==#m and c<m) then
 redis.call('SET',KEYS[2],m)
 elseif #c>19 or (#c==19 and c>='9223372036854775807') then
-return redis.error_reply('LEASEHOLD_EXHAUSTED the fence counter is at 2^63-1, the most INCR can reach')
+return redis.error_reply('LEASEHOLD_EXHAUSTED fence counter at 2^63-1')
 else
 redis.call('INCR',KEYS[2])
 end
@@ -158,7 +159,7 @@ local t,f,i=string.match(v,",
     lock_value_pattern!(),
     r")
 if not t then
-return redis.error_reply('LEASEHOLD the lock key holds a value leasehold did not write')
+return redis.error_reply('LEASEHOLD not a lease value')
 end
 return {1,f,i,redis.call('PTTL',KEYS[1])}"
 );
@@ -231,13 +232,13 @@ pub(crate) const RELEASE_PAIR: Script = (RELEASE, RELEASE_SHA);
 pub(crate) const HOLDER_PAIR: Script = (HOLDER, HOLDER_SHA);
 
 /// SHA1 of [`ACQUIRE`], lowercase hex: what `EVALSHA` names it by.
-pub const ACQUIRE_SHA: &str = "91524821773c4c668558a3067b9a441d469c4027";
+pub const ACQUIRE_SHA: &str = "8ad08fb030cb76f441fb1ba3991b7aca1040aa38";
 /// SHA1 of [`RENEW`].
 pub const RENEW_SHA: &str = "50643318fe78c93e1b31fd505c872444956857d2";
 /// SHA1 of [`RELEASE`].
 pub const RELEASE_SHA: &str = "66900672967693bebb44013a62adfe6af188f83b";
 /// SHA1 of [`HOLDER`].
-pub const HOLDER_SHA: &str = "5f34b034d6cd289bff7d9f3bacfa57225d63d6c8";
+pub const HOLDER_SHA: &str = "11d817a23653acb35b5d7a99b7b080d065ed46c3";
 /// SHA1 of [`RAISE_FENCE`].
 pub const RAISE_FENCE_SHA: &str = "0b0aa065ef72ede5bc6c2c7c39824e8078d61a8c";
 /// SHA1 of [`FENCED_WRITE`].
