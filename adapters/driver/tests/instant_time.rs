@@ -143,7 +143,7 @@ fn renews_every_third_then_releases_on_request() {
     let service = OneKey::default();
     let clock = JumpClock(Cell::new(Instant::ZERO));
     let gate = WriteGate::new();
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([1; 16]));
     let mut events = Vec::new();
 
     let end = block_on(run_term(
@@ -182,7 +182,7 @@ fn not_owner_ends_the_term_with_the_gate_closed() {
     service.refuse_renewals_after.set(Some(2));
     let clock = JumpClock(Cell::new(Instant::ZERO));
     let gate = WriteGate::new();
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([1; 16]));
 
     let end = block_on(run_term(
         &mut lease,
@@ -208,7 +208,7 @@ fn a_running_term_cannot_be_driven_twice() {
     let service = OneKey::default();
     let clock = JumpClock(Cell::new(Instant::ZERO));
     let gate = WriteGate::new();
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([1; 16]));
     lease.acquire(Instant::ZERO, &gate).unwrap();
     let result = block_on(run_term(
         &mut lease,
@@ -228,7 +228,7 @@ fn a_target_is_copy_for_any_service() {
     let service = OneKey::default();
     let clock = JumpClock(Cell::new(Instant::ZERO));
     let gate = WriteGate::new();
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([1; 16]));
     let target = target(&service);
     for _ in 0..2 {
         let end = block_on(run_term(
@@ -252,7 +252,7 @@ fn a_held_key_is_reported_with_its_holder_and_the_wait_bound_ends_the_term() {
     service.fence.set(41);
     let clock = JumpClock(Cell::new(Instant::ZERO));
     let gate = WriteGate::new();
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([1; 16]));
     let mut reports = Vec::new();
 
     let end = block_on(run_term(
@@ -289,7 +289,7 @@ fn a_final_refusal_ends_the_term_at_once() {
     service.refuse_acquires.set(Some(Refusal::Unauthorized));
     let clock = JumpClock(Cell::new(Instant::ZERO));
     let gate = WriteGate::new();
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([1; 16]));
     let end = block_on(run_term(
         &mut lease,
         &gate,
@@ -341,7 +341,7 @@ fn a_sleep_is_built_only_when_the_deadline_changes_or_the_last_one_ended() {
         sleeps: RefCell::new(Vec::new()),
     };
     let gate = WriteGate::new();
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([1; 16]));
 
     let end = block_on(run_term(
         &mut lease,

@@ -27,10 +27,9 @@ where
 async fn drive<S: LockService + 'static>(timed: Timed<S>, give_up_at: Instant) {
     // `timed` ends the term when it is dropped (see its `Drop`).
     let shared = &*timed.shared;
-    // Contenders seed their retry jitter from their (random) owner, so they do not
-    // retry in lock step.
-    let [a, b, c, d, ..] = shared.owner.0;
-    let mut lease = Lease::new(shared.config()).with_jitter_seed(u32::from_le_bytes([a, b, c, d]));
+    // The (random) owner also seeds the retry jitter: contenders do not retry in
+    // lock step.
+    let mut lease = Lease::new(shared.config(), shared.owner);
     let target = Target {
         service: &timed,
         key: &shared.key,

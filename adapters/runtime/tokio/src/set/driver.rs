@@ -187,11 +187,9 @@ impl<S: LockService + 'static> Driver<S> {
         let Some(slot) = self.slots.vacant() else {
             return shared.finish();
         };
-        // Contenders seed their retry jitter from their (random) owner, so they do
-        // not retry in lock step.
-        let [a, b, c, d, ..] = shared.owner.0;
-        let mut lease =
-            Lease::new(shared.config()).with_jitter_seed(u32::from_le_bytes([a, b, c, d]));
+        // The (random) owner also seeds the retry jitter: contenders do not retry
+        // in lock step.
+        let mut lease = Lease::new(shared.config(), shared.owner);
         // A fresh lease is never mid-term, so this cannot fail.
         let _ = lease.acquire_until(shared.clock().now(), give_up_at, &shared.gate);
         let entry = Entry {
@@ -485,7 +483,7 @@ mod tests {
     async fn a_lease_in_a_set_stays_small() {
         let shared = Shared::sample();
         let service = Arc::new(MemoryService::new());
-        let lease = Lease::new(shared.config());
+        let lease = Lease::new(shared.config(), shared.owner);
         let watch = revoked(&service, &shared, &lease, Fence(1));
         let (entry, watch) = (size_of::<Option<Entry>>(), size_of_val(&*watch));
         println!(
