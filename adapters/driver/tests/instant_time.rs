@@ -411,7 +411,8 @@ impl LocalLockService for SlowAcquire {
         self.releases.borrow_mut().push(token);
         let answer = self.key.release(key, token).await;
         if !self.never {
-            if let Some((token, ttl)) = self.sent.borrow_mut().take() {
+            let sent = self.sent.borrow_mut().take();
+            if let Some((token, ttl)) = sent {
                 let granted = self.key.acquire(key, token, &IDENTITY, ttl).await;
                 *self.answer.borrow_mut() = Some(granted);
             }
