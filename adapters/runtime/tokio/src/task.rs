@@ -116,7 +116,11 @@ mod tests {
         let task = super::drive(timed, Instant::MAX);
         let (task, shared) = (size_of_val(&task), size_of::<Shared>());
         println!("driver task future: {task} B, shared state: {shared} B");
-        let limit = if cfg!(feature = "tracing") { 1_040 } else { 1_008 };
+        let limit = if cfg!(feature = "tracing") {
+            1_040
+        } else {
+            1_008
+        };
         assert!(task <= limit, "driver task future is {task} B");
         assert!(shared <= 256, "shared state is {shared} B");
     }
