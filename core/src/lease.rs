@@ -509,7 +509,10 @@ impl Lease {
     /// == now` tries once (`flock -n`). A final refusal ends it at once, whatever the
     /// bound. An attempt already in flight at `give_up_at` is still awaited (for at
     /// most the request timeout), and if the service may have granted any attempt, a
-    /// release is sent when the acquire gives up.
+    /// release is sent when the acquire gives up. A release of an older term's late
+    /// grant ([`handle_response`](Self::handle_response)) goes out before the next
+    /// attempt, which waits for its answer (at most one request timeout), even past
+    /// `give_up_at`.
     pub fn acquire_until(
         &mut self,
         now: Instant,
