@@ -91,8 +91,10 @@ fn main() {
 
     let config = Config::builder(Duration::from_millis(600)).build().unwrap();
     let gate = WriteGate::new();
-    let mut lease = Lease::new(config);
+    // The owner the service sees; it also seeds the lease's retry jitter, so two
+    // contenders (two owners) never retry in lock step.
     let owner = Owner(*b"custom-loop-demo");
+    let mut lease = Lease::new(config, owner);
     let mut service = ToyService::default();
     let mut storage = Storage::default();
     let mut answers: Vec<(StdInstant, RequestId, Response)> = Vec::new();

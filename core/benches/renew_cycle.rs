@@ -13,13 +13,14 @@ use std::mem::size_of;
 
 use criterion::{criterion_group, Criterion};
 use leasehold::{
-    AcquireOutcome, Action, Config, Duration, Event, Fence, Instant, Lease, RenewOutcome, WriteGate,
+    AcquireOutcome, Action, Config, Duration, Event, Fence, Instant, Lease, Owner, RenewOutcome,
+    WriteGate,
 };
 
 /// A lease of T = 600 ms (renew every 200 ms), held with fence 7.
 fn held(gate: &WriteGate) -> Lease {
     let config = Config::builder(Duration::from_millis(600)).build().unwrap();
-    let mut lease = Lease::new(config);
+    let mut lease = Lease::new(config, Owner([7; 16]));
     lease.acquire(Instant::ZERO, gate).unwrap();
     let id = lease.poll_action().unwrap().id();
     let granted = AcquireOutcome::Granted {

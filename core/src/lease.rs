@@ -4,7 +4,7 @@ use core::fmt;
 
 use crate::timers::{Timer, TIMERS};
 use crate::{
-    AcquireOutcome, Config, Duration, Fence, Indeterminate, Instant, LossReason, Refusal,
+    AcquireOutcome, Config, Duration, Fence, Indeterminate, Instant, LossReason, Owner, Refusal,
     ReleaseOutcome, RenewOutcome, RequestId, Response, Term, WriteGate,
 };
 
@@ -42,12 +42,14 @@ use crate::{
 /// Every call takes `now` from one monotonic clock. Time only moves forward: a `now`
 /// earlier than one already seen is treated as that one. `poll_timeout` is a soft
 /// deadline: calling `handle_timeout` early, late or twice is harmless. Answers to
-/// requests the lease no longer waits for (old ids, previous terms, duplicates) are
-/// refused with [`StaleResponse`] and change nothing — with two exceptions that can
-/// only make the lease *safer*: a late "not owner" to a renewal of the current term
-/// ends it ([`LossReason::NotOwner`]), and so does a late renewal that confirms a
-/// shorter TTL than asked ([`LossReason::Shortened`]). The [rules](crate::rules) say
-/// why.
+/// requests the lease no longer waits for (old ids, previous terms, duplicates, and
+/// any id not handed out by `poll_action` yet) are refused with [`StaleResponse`] and
+/// change nothing — with three exceptions that can only make the lease *safer*: a
+/// late "not owner" to a renewal of the current term ends it
+/// ([`LossReason::NotOwner`]), and so does a late renewal that confirms a shorter TTL
+/// than asked ([`LossReason::Shortened`]); a late grant to an acquire of a term that
+/// has ended is released again (an [`Action::Release`] of that term), and the gate
+/// never opens for it. The [rules](crate::rules) say why.
 ///
 /// Use one `WriteGate` per `Lease`, and always the same one: the lease is its only writer.
 ///
@@ -56,7 +58,7 @@ use crate::{
 ///
 /// let gate = WriteGate::new();
 /// let config = Config::builder(Duration::from_secs(3)).build().unwrap();
-/// let mut lease = Lease::new(config);
+/// let mut lease = Lease::new(config, Owner(*b"sensor-17 backup"));
 /// let t = Instant::from_millis;
 ///
 /// lease.acquire(t(0), &gate).unwrap();
@@ -96,15 +98,21 @@ pub struct Lease {
     last_id: u64,
     fence: Fence,
     stats: Stats,
-    /// Xorshift state for the jitter of acquire retries; never zero.
+    /// Xorshift state for the jitter of acquire retries, seeded from the owner;
+    /// never zero.
     jitter: u32,
-    /// Sequence (low half of the id) of the acquire that earned this term's grant:
-    /// only ids after it can be this term's renewals.
-    grant_seq: u32,
+    /// Sequence (low half of the id) of this term's newest acquire: ids of the term
+    /// up to it are acquires, and once the term is held (it earned the grant), only
+    /// ids after it can be the term's renewals.
+    acquire_seq: u32,
     state: State,
-    in_flight: Option<RequestKind>,
     flags: Flags,
     event: Option<EventKind>,
+    in_flight: Option<RequestKind>,
+    /// A late grant to re-release ([`RequestKind::Rerelease`]), pending or in flight:
+    /// 0 for none, else 1 + how many terms before the current one it was granted
+    /// to. One byte, in what was the lease's padding.
+    rerelease: u8,
 }
 
 /// Booleans of a [`Lease`], one byte.
@@ -123,6 +131,9 @@ impl Flags {
     /// it may still be applied later, whatever later attempts are told, so the term
     /// stays [`MAYBE_GRANTED`](Self::MAYBE_GRANTED) to its end.
     const UNANSWERED_ACQUIRE: u8 = 8;
+    /// Another late grant for the re-release's term came while the re-release was in
+    /// flight: that one may have been handled first, so it is sent again.
+    const RERELEASE_AGAIN: u8 = 16;
 
     const fn get(self, flag: u8) -> bool {
         self.0 & flag != 0
@@ -191,6 +202,10 @@ pub enum Action {
     },
     /// Delete the key if the owner token of `term` still holds it. Best effort: writes
     /// stopped already, and nothing waits for the answer but `Released`.
+    ///
+    /// `term` is the current term, or an older one when the release answers a grant
+    /// that arrived after its term had ended (the id is still one of the current
+    /// term's: ids only grow).
     Release {
         /// Tag the answer with this.
         id: RequestId,
@@ -222,7 +237,9 @@ pub enum Event {
         reason: AcquireFailure,
         /// When the next attempt is sent; `None` when the acquire is over (a final
         /// refusal, or the wait bound ran out): the lease is then
-        /// [`State::NotAcquired`].
+        /// [`State::NotAcquired`]. A release of an older term's late grant
+        /// ([`Lease::handle_response`]) in flight then holds it back until it is
+        /// answered or times out.
         retry_at: Option<Instant>,
     },
     /// A renewal was confirmed.
@@ -338,6 +355,9 @@ enum RequestKind {
     Acquire,
     Renew,
     Release,
+    /// A release of the term `Lease::rerelease` names, for a grant whose answer came
+    /// after that term had ended; answered as a release, it ends nothing.
+    Rerelease,
 }
 
 /// An event waiting for `poll_event`; its data that the lease still knows is filled
@@ -378,8 +398,16 @@ const fn term_of(id: u64) -> Term {
 }
 
 impl Lease {
-    /// A lease that has not been acquired yet.
-    pub const fn new(config: Config) -> Lease {
+    /// A lease that has not been acquired yet, for the client that presents `owner`
+    /// to the lock service.
+    ///
+    /// The owner seeds the jitter of acquire retries ([`acquire_until`](Self::acquire_until)):
+    /// contenders for one key must present different owners, so they also wait
+    /// different times between attempts instead of retrying in lock step, and a lease
+    /// with the same owner and config retries at the same instants (the lease keeps
+    /// only the 32-bit seed, not the owner). The driver must present the same `owner`
+    /// with every request ([`Owner::token`] with the [`Action`]'s term).
+    pub const fn new(config: Config, owner: Owner) -> Lease {
         Lease {
             config,
             latest: Instant::ZERO,
@@ -393,21 +421,14 @@ impl Lease {
                 stale_responses: 0,
                 overwritten_events: 0,
             },
-            jitter: DEFAULT_JITTER_SEED,
-            grant_seq: 0,
+            jitter: jitter_seed(owner),
+            acquire_seq: 0,
             state: State::Idle,
-            in_flight: None,
             flags: Flags(0),
             event: None,
+            in_flight: None,
+            rerelease: 0,
         }
-    }
-
-    /// Seeds the jitter of acquire retries. Contenders that wait for the same key
-    /// should use different seeds (the adapters derive one from the owner token), or
-    /// they retry in lock step.
-    pub const fn with_jitter_seed(mut self, seed: u32) -> Lease {
-        self.jitter = if seed == 0 { DEFAULT_JITTER_SEED } else { seed };
-        self
     }
 
     // ----- getters -----
@@ -458,8 +479,10 @@ impl Lease {
     pub const fn stats(&self) -> Stats {
         self.stats
     }
-    /// Whether the lease still waits for the answer to request `id`. A driver drops the
-    /// I/O of a request the lease gave up on (timed out, superseded, term over).
+    /// Whether the lease still waits for the answer to request `id`. A driver may drop
+    /// the I/O of a request the lease gave up on (timed out, superseded, term over);
+    /// it should keep an acquire's until it resolves, if it can, so that a late grant
+    /// reaches [`handle_response`](Self::handle_response) and is released again.
     pub const fn is_awaiting(&self, id: RequestId) -> bool {
         self.in_flight.is_some() && id.0 == self.last_id
     }
@@ -486,7 +509,10 @@ impl Lease {
     /// == now` tries once (`flock -n`). A final refusal ends it at once, whatever the
     /// bound. An attempt already in flight at `give_up_at` is still awaited (for at
     /// most the request timeout), and if the service may have granted any attempt, a
-    /// release is sent when the acquire gives up.
+    /// release is sent when the acquire gives up. A release of an older term's late
+    /// grant ([`handle_response`](Self::handle_response)) goes out before the next
+    /// attempt, which waits for its answer (at most one request timeout), even past
+    /// `give_up_at`.
     pub fn acquire_until(
         &mut self,
         now: Instant,
@@ -505,6 +531,10 @@ impl Lease {
             }
         }
         let term = self.term().0.wrapping_add(1);
+        // A re-release still to send is now one term further back (forgotten past 254).
+        if self.rerelease != 0 {
+            self.rerelease = self.rerelease.checked_add(1).unwrap_or(0);
+        }
         self.last_id = u64::from(term) << 32;
         self.fence = Fence(0);
         self.granted = Duration::ZERO;
@@ -568,7 +598,9 @@ impl Lease {
                 let response = match kind {
                     RequestKind::Acquire => Response::Acquire(AcquireOutcome::Indeterminate(why)),
                     RequestKind::Renew => Response::Renew(RenewOutcome::Indeterminate(why)),
-                    RequestKind::Release => Response::Release(ReleaseOutcome::Indeterminate(why)),
+                    RequestKind::Release | RequestKind::Rerelease => {
+                        Response::Release(ReleaseOutcome::Indeterminate(why))
+                    }
                 };
                 self.answered(now, &response, gate);
             }
@@ -587,14 +619,30 @@ impl Lease {
 
     /// The lock service answered request `id`.
     ///
-    /// Refused as [`StaleResponse`] unless it answers the request in flight — except
-    /// that a late answer to a renewal of the current, still held term is read for
-    /// what it proves: "not owner" ends the term ([`LossReason::NotOwner`]: under the
-    /// owner-and-fence compare it means the grant was deleted or replaced, and
-    /// renewals never re-create one), and so does a confirmed TTL shorter than asked
-    /// ([`LossReason::Shortened`]: the service may have expired the key before the
-    /// deadline the gate holds). Both still return `Err(StaleResponse)`, as the
-    /// request was not the one in flight.
+    /// Refused as [`StaleResponse`] unless it answers the request in flight, handed
+    /// out by [`poll_action`](Self::poll_action) (a request this very call queued,
+    /// such as the release after an expiry it detected, cannot have been answered
+    /// yet) — except that two kinds of late answer are read for what they prove:
+    ///
+    /// * a late answer to a renewal of the current, still held term: "not owner" ends
+    ///   the term ([`LossReason::NotOwner`]: under the owner-and-fence compare it
+    ///   means the grant was deleted or replaced, and renewals never re-create one),
+    ///   and so does a confirmed TTL shorter than asked ([`LossReason::Shortened`]:
+    ///   the service may have expired the key before the deadline the gate holds);
+    /// * a late `Granted` to an acquire this lease sent, once that acquire's term has
+    ///   ended (released, not acquired, lost — also while its release is in flight,
+    ///   which the service may have handled first): the key may be held by that
+    ///   term's token, so a release of that term is sent as soon as no request is in
+    ///   flight (one such re-release is remembered; a newer late grant replaces it).
+    ///   A grant of the current term makes it moot (one holder per key: the older
+    ///   grant ended before it), so it is dropped then, and a late grant of an older
+    ///   term that arrives while the current term is held is ignored. While the
+    ///   acquire's own term is still acquiring or held, nothing is done: the key is
+    ///   the term's, and its next attempt is granted the same fence. The gate never
+    ///   opens for a late grant.
+    ///
+    /// All of them still return `Err(StaleResponse)` and are counted, as the request
+    /// was not the one in flight.
     pub fn handle_response(
         &mut self,
         now: Instant,
@@ -609,9 +657,19 @@ impl Lease {
             Response::Renew(_) => RequestKind::Renew,
             Response::Release(_) => RequestKind::Release,
         };
-        if self.in_flight != Some(kind) || id.0 != self.last_id {
-            if let Response::Renew(outcome) = response {
-                self.late_renewal(now, id, outcome, gate);
+        let in_flight = match self.in_flight {
+            Some(RequestKind::Rerelease) => Some(RequestKind::Release),
+            other => other,
+        };
+        // Only a request that was handed out can be answered: the expiry above may
+        // just have queued the loss's release under the next id, which no answer can
+        // carry yet (taking one for it would keep that release from going out).
+        if in_flight != Some(kind) || id.0 != self.last_id || self.flags.get(Flags::ACTION_PENDING)
+        {
+            match response {
+                Response::Renew(outcome) => self.late_renewal(now, id, outcome, gate),
+                Response::Acquire(AcquireOutcome::Granted { .. }) => self.late_grant(now, id),
+                Response::Acquire(_) | Response::Release(_) => {}
             }
             self.stats.stale_responses = self.stats.stale_responses.saturating_add(1);
             return Err(StaleResponse);
@@ -628,13 +686,21 @@ impl Lease {
     /// an answer is not copied.
     #[inline(never)]
     fn answered(&mut self, now: Instant, response: &Response, gate: &WriteGate) {
-        self.in_flight = None;
+        let kind = self.in_flight.take();
         self.flags.set(Flags::ACTION_PENDING, false);
         match response {
             Response::Acquire(outcome) => self.acquire_answered(now, outcome, gate),
             Response::Renew(outcome) => self.renew_answered(now, *outcome, gate),
+            Response::Release(_) if kind == Some(RequestKind::Rerelease) => {
+                // Done, unless another late grant of its term came in the meantime.
+                if !self.flags.get(Flags::RERELEASE_AGAIN) {
+                    self.rerelease = 0;
+                }
+                self.flags.set(Flags::RERELEASE_AGAIN, false);
+            }
             Response::Release(_) => self.release_answered(),
         }
+        self.rerelease_if_free(now);
     }
 
     /// The lock service reported, unprompted, that the grant with `fence` is gone (an
@@ -684,6 +750,13 @@ impl Lease {
                 ttl: self.granted,
             },
             RequestKind::Release => Action::Release { id, term },
+            RequestKind::Rerelease => Action::Release {
+                id,
+                term: Term(
+                    term.0
+                        .wrapping_sub(u32::from(self.rerelease.saturating_sub(1))),
+                ),
+            },
         })
     }
 
@@ -710,14 +783,14 @@ impl Lease {
             },
             EventKind::AcquireFailed(reason, over) => Event::AcquireFailed {
                 reason,
-                retry_at: if over { None } else { self.timer(Timer::Send) },
+                retry_at: if over { None } else { self.next_send_at() },
             },
             EventKind::Renewed => Event::Renewed {
                 deadline: self.deadline,
             },
             EventKind::RenewFailed(reason) => Event::RenewFailed {
                 reason,
-                retry_at: self.timer(Timer::Send),
+                retry_at: self.next_send_at(),
                 deadline: self.deadline,
                 writes_paused: self.flags.get(Flags::PAUSED),
             },
@@ -751,15 +824,17 @@ impl Lease {
             Timer::Request if self.in_flight.is_some() => {
                 self.sent_at.saturating_add(self.config.request_timeout())
             }
-            Timer::Send => self.next_send,
-            Timer::Deadline | Timer::Request => Instant::MAX,
+            // A re-release in flight holds back a retry (the slot is taken).
+            Timer::Send if self.in_flight.is_none() => self.next_send,
+            Timer::Deadline | Timer::Request | Timer::Send => Instant::MAX,
         }
     }
 
-    /// When `timer` fires, `None` when it is not armed.
-    fn timer(&self, timer: Timer) -> Option<Instant> {
-        let at = self.timer_at(timer);
-        (at != Instant::MAX).then_some(at)
+    /// When the next acquire or renewal is sent, if one is scheduled: the send timer,
+    /// or, while a re-release holds it back, the instant it fires once the slot is
+    /// free.
+    fn next_send_at(&self) -> Option<Instant> {
+        (self.next_send != Instant::MAX).then_some(self.next_send)
     }
 
     fn timer_due(&self, timer: Timer, now: Instant) -> bool {
@@ -804,10 +879,15 @@ impl Lease {
         self.in_flight = Some(kind);
         self.flags.set(Flags::ACTION_PENDING, true);
         if kind == RequestKind::Acquire {
+            self.acquire_seq = seq;
             self.flags.set(Flags::MAYBE_GRANTED, true);
         }
         self.sent_at = now;
-        self.next_send = Instant::MAX;
+        // A re-release leaves a scheduled retry in place: it goes out once the
+        // re-release is answered or times out.
+        if kind != RequestKind::Rerelease {
+            self.next_send = Instant::MAX;
+        }
     }
 
     /// Queues `event` for `poll_event`, counting the one it replaces if the driver
@@ -827,7 +907,9 @@ impl Lease {
             AcquireOutcome::Granted { fence, ttl } => {
                 self.fence = fence;
                 self.granted = ttl;
-                self.grant_seq = self.last_id as u32;
+                // A grant to this term's token proves every older term's grant ended
+                // before it (one holder per key): no re-release is needed any more.
+                self.rerelease = 0;
                 if !self.config.accepts_grant(ttl) {
                     // The gate never opens; the grant is ours, so free it for others.
                     self.give_up(now, AcquireFailure::GrantTooShort);
@@ -901,7 +983,7 @@ impl Lease {
         // A renewal of this term: sent after the acquire that earned the grant, and
         // not after the newest request (an id never issued proves nothing).
         let this_term =
-            term_of(id.0) == self.term() && id.0 <= self.last_id && id.0 as u32 > self.grant_seq;
+            term_of(id.0) == self.term() && id.0 <= self.last_id && id.0 as u32 > self.acquire_seq;
         if !(this_term && self.is_held()) {
             return;
         }
@@ -914,6 +996,57 @@ impl Lease {
             }
             RenewOutcome::Refused(_) => self.lose(LossReason::Refused, now, gate),
             RenewOutcome::Renewed { .. } | RenewOutcome::Indeterminate(_) => {}
+        }
+    }
+
+    /// A `Granted` answer to an acquire of this lease that is no longer awaited
+    /// (timed out, superseded by a release, or of an older term). The gate never
+    /// opens for it; but if its term has ended, the grant may be live at the service
+    /// under that term's token, blocking every contender until its TTL runs out, so
+    /// a release of that term is sent (now, or as soon as no request is in flight).
+    ///
+    /// Nothing is done while the term is still acquiring (its next attempt, the same
+    /// token asking again, is granted the same fence) or held (the key is ours), nor
+    /// for an older term while the current one is held: one holder per key, so a
+    /// grant of the current term proves every older term's grant ended before it.
+    fn late_grant(&mut self, now: Instant, id: RequestId) {
+        let (term, seq) = (term_of(id.0).0, id.0 as u32);
+        let current = self.term().0;
+        // Terms before the current one, or the current term's acquires that were
+        // handed out (ids up to its newest acquire's, that one once polled). An older
+        // term's sequence is not kept: any id of it counts.
+        let back = current.wrapping_sub(term);
+        let issued = term != 0
+            && seq != 0
+            && if back == 0 {
+                seq <= self.acquire_seq
+                    && !(id.0 == self.last_id && self.flags.get(Flags::ACTION_PENDING))
+            } else {
+                term < current
+            };
+        let ended = match self.state {
+            State::Released | State::NotAcquired(_) | State::Lost(_) | State::Releasing => true,
+            State::Idle | State::Acquiring | State::Holding | State::RenewPending => false,
+        };
+        let needed = if back == 0 { ended } else { !self.is_held() };
+        let Some(rerelease) = u8::try_from(back).ok().and_then(|b| b.checked_add(1)) else {
+            return;
+        };
+        if !(issued && needed) {
+            return;
+        }
+        if self.in_flight == Some(RequestKind::Rerelease) {
+            self.flags.set(Flags::RERELEASE_AGAIN, true);
+        }
+        self.rerelease = rerelease;
+        self.rerelease_if_free(now);
+    }
+
+    /// Sends the pending re-release if no request is in flight and the current term
+    /// is not held (a held term's grant made it moot; it was dropped then).
+    fn rerelease_if_free(&mut self, now: Instant) {
+        if self.rerelease != 0 && self.in_flight.is_none() && !self.is_held() {
+            self.send(RequestKind::Rerelease, now);
         }
     }
 
@@ -977,6 +1110,7 @@ impl Lease {
         if release {
             self.send(RequestKind::Release, now);
         }
+        self.rerelease_if_free(now);
         self.emit(event);
     }
 
@@ -991,11 +1125,7 @@ impl Lease {
         self.jitter = x;
         // Mix (murmur3's finaliser), so that seeds close together spread out at once,
         // then scale the top 20 bits to parts per million (a multiply and a shift).
-        let mut y = x ^ (x >> 16);
-        y = y.wrapping_mul(0x85eb_ca6b);
-        y ^= y >> 13;
-        y = y.wrapping_mul(0xc2b2_ae35);
-        y ^= y >> 16;
+        let y = fmix32(x);
         let ppm = ((u64::from(y >> 12) * 1_000_000) >> 20) as u32;
         let micros = interval.as_micros();
         let half_up = (micros >> 1).saturating_add(micros & 1);
@@ -1039,5 +1169,34 @@ impl Lease {
     }
 }
 
-/// The jitter seed of [`Lease::new`]; any non-zero value works for xorshift.
-const DEFAULT_JITTER_SEED: u32 = 0x9e37_79b9;
+/// The jitter seed of an owner whose words mix to zero (xorshift needs a non-zero
+/// state).
+const FALLBACK_JITTER_SEED: u32 = 0x9e37_79b9;
+
+/// The retry jitter's seed for `owner`: its four little-endian words, each xor-ed in
+/// and mixed by murmur3's finaliser (a bijection), so owners that differ in a single
+/// word (a serial number's last digits) always get different seeds, and any two
+/// owners collide with a chance of about 2^-32. Never zero.
+const fn jitter_seed(owner: Owner) -> u32 {
+    let [a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3] = owner.0;
+    let mut h = fmix32(u32::from_le_bytes([a0, a1, a2, a3]));
+    h = fmix32(h ^ u32::from_le_bytes([b0, b1, b2, b3]));
+    h = fmix32(h ^ u32::from_le_bytes([c0, c1, c2, c3]));
+    h = fmix32(h ^ u32::from_le_bytes([d0, d1, d2, d3]));
+    if h == 0 {
+        FALLBACK_JITTER_SEED
+    } else {
+        h
+    }
+}
+
+/// murmur3's 32-bit finaliser: a bijection that spreads every input bit over the
+/// output.
+const fn fmix32(mut y: u32) -> u32 {
+    y ^= y >> 16;
+    y = y.wrapping_mul(0x85eb_ca6b);
+    y ^= y >> 13;
+    y = y.wrapping_mul(0xc2b2_ae35);
+    y ^= y >> 16;
+    y
+}

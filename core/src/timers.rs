@@ -1,5 +1,5 @@
 //! The lease's timers, named. Which timer is armed, and when, is computed in one place
-//! (`Lease::timer`); `poll_timeout` takes the earliest and `handle_timeout` fires the
+//! (`Lease::timer_at`); `poll_timeout` takes the earliest and `handle_timeout` fires the
 //! due ones.
 
 /// One of the lease's timers.

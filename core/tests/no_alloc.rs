@@ -96,9 +96,9 @@ fn renew(lease: &mut Lease, gate: &WriteGate, outcome: RenewOutcome) -> Instant 
 /// One life of a lease: every kind of term, `terms` times over.
 fn lifetime(config: Config, terms: u64) {
     let gate = WriteGate::new();
-    let mut lease = Lease::new(config);
-    let mut storage = FenceGate::new();
     let owner = Owner([7; 16]);
+    let mut lease = Lease::new(config, owner);
+    let mut storage = FenceGate::new();
     let mut t = Instant::ZERO;
     let renewed = RenewOutcome::Renewed { ttl: config.ttl() };
     for n in 0..terms {

@@ -13,7 +13,9 @@
 //!   response changes nothing but the stale counter — except what time alone does (a
 //!   deadline reached expires the lease), and a late renewal answer of the held term
 //!   that proves the grant gone or shortened (`NotOwner`, `Refused`, a TTL below the
-//!   granted one), which must end the term with that reason;
+//!   granted one), which must end the term with that reason, and a late grant to an
+//!   acquire of a term that has ended, which changes nothing but sends a release of
+//!   that term once no request is in flight;
 //! * an acquire ends as `NotAcquired` only with `AcquireFailed { retry_at: None }`, and
 //!   a grant the config cannot hold (`GrantTooShort`) never opens the gate;
 //! * each call yields at most one action and one event; `handle_timeout` twice at the
@@ -23,7 +25,7 @@
 
 use leasehold::{
     AcquireFailure, AcquireOutcome, Action, Config, Duration, Event, Fence, GateSnapshot,
-    GateStatus, Holder, Identity, Indeterminate, Instant, Lease, LossReason, Refusal,
+    GateStatus, Holder, Identity, Indeterminate, Instant, Lease, LossReason, Owner, Refusal,
     ReleaseOutcome, RenewOutcome, RequestId, Response, State, Term, WriteGate,
 };
 use proptest::prelude::*;
@@ -500,7 +502,7 @@ impl Harness {
 
 fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
     let mut h = Harness {
-        lease: Lease::new(config),
+        lease: Lease::new(config, Owner([7; 16])),
         gate: WriteGate::new(),
         now: Instant::ZERO,
         latest: Instant::ZERO,
@@ -519,6 +521,23 @@ fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
         let stale_before = h.lease.stats().stale_responses;
         let response = h.response_of(op);
         let newest = h.ids.last().copied().unwrap_or(RequestId(0));
+        // A grant to an acquire of a term that has ended: one of the current term's
+        // acquires (ids up to its newest), or any id of an older term (the lease keeps
+        // no older sequences) unless the current term is held.
+        let late_grant = match response {
+            Some((id, Response::Acquire(AcquireOutcome::Granted { .. }))) => {
+                let (term, seq, current) = ((id.0 >> 32) as u32, id.0 as u32, before.term.0);
+                let ended = matches!(
+                    before.state,
+                    State::Released | State::NotAcquired(_) | State::Lost(_) | State::Releasing
+                );
+                let this_term = term == current && seq != 0 && id <= h.last_acquire;
+                let older = term != 0 && seq != 0 && term < current && current - term < 255;
+                ((this_term && ended) || (older && before.fence.is_none())).then_some(term)
+            }
+            _ => None,
+        };
+        let busy = h.lease.is_awaiting(newest);
         let (stale, must) = h.apply(op);
         prop_assert!(stale || !must, "a stale answer was taken: {:?}", op);
         let (actions, events) = h.drain();
@@ -568,6 +587,22 @@ fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
             } else if let (Some(reason), Some(_)) = (proves, before.fence) {
                 prop_assert_eq!(after.state, State::Lost(reason), "late {:?}", response);
                 prop_assert_eq!(&events, &[Event::Lost { reason }]);
+            } else if let Some(term) = late_grant {
+                // Released again, nothing else changes (the gate stays as it was);
+                // with a request in flight, the release waits for it.
+                let unchanged = Observed {
+                    timeout: before.timeout,
+                    ..after.clone()
+                };
+                prop_assert_eq!(&unchanged, &before, "a late grant changed the lease");
+                prop_assert!(events.is_empty());
+                match actions.as_slice() {
+                    [] => prop_assert!(busy, "the slot was free"),
+                    [Action::Release { term: released, .. }] => {
+                        prop_assert_eq!(*released, Term(term))
+                    }
+                    other => prop_assert!(false, "{:?} for a late grant", other),
+                }
             } else {
                 prop_assert_eq!(&after, &before, "a stale answer changed the lease");
                 prop_assert!(actions.is_empty() && events.is_empty());
@@ -674,14 +709,14 @@ fn handle_timeout_at_the_end_of_time_is_idempotent() {
     };
 
     // A request sent at the end of time: its timeout saturates to "never".
-    let (mut lease, gate) = (Lease::new(config), WriteGate::new());
+    let (mut lease, gate) = (Lease::new(config, Owner([7; 16])), WriteGate::new());
     lease.acquire(end, &gate).unwrap();
     assert!(matches!(lease.poll_action(), Some(Action::Acquire { .. })));
     assert_eq!(lease.poll_timeout(), None);
     idle(&mut lease, &gate);
 
     // A retry that would fall past the end of time is "never" too.
-    let (mut lease, gate) = (Lease::new(config), WriteGate::new());
+    let (mut lease, gate) = (Lease::new(config, Owner([7; 16])), WriteGate::new());
     lease.acquire(end - ms(70), &gate).unwrap();
     assert!(matches!(lease.poll_action(), Some(Action::Acquire { .. })));
     lease.handle_timeout(end - ms(10), &gate);

@@ -21,6 +21,16 @@ const fn at_us(n: u64) -> Instant {
 /// Safe window of a 900 ms grant: 900 − 0.9 (drift) − 45 (margin) ms.
 const WINDOW_US: u64 = 854_100;
 
+/// The owner every test lease presents unless a test says otherwise.
+const OWNER: Owner = Owner(*b"rules test owner");
+
+/// An owner numbered `n` (a serial number in its last four bytes).
+fn owner(n: u32) -> Owner {
+    let mut bytes = [0; 16];
+    bytes[12..].copy_from_slice(&n.to_be_bytes());
+    Owner(bytes)
+}
+
 struct Rig {
     lease: Lease,
     gate: WriteGate,
@@ -33,7 +43,7 @@ impl Rig {
 
     fn with(config: Config) -> Rig {
         Rig {
-            lease: Lease::new(config),
+            lease: Lease::new(config, OWNER),
             gate: WriteGate::new(),
         }
     }
@@ -479,6 +489,240 @@ fn rule6_releasing_while_acquiring_frees_a_grant_that_may_have_happened() {
     assert!(r.check(at(6)).is_err());
 }
 
+/// A late grant: the acquire `id` answered `Granted` (fence 9, 900 ms).
+fn late_grant(r: &mut Rig, now: Instant, id: RequestId) -> Result<(), StaleResponse> {
+    let granted = AcquireOutcome::Granted {
+        fence: Fence(9),
+        ttl: ms(900),
+    };
+    r.lease.handle_response(now, id, granted.into(), &r.gate)
+}
+
+/// The release the lease asks for next, as (id, term).
+#[track_caller]
+fn release_sent(r: &mut Rig) -> (RequestId, Term) {
+    match r.lease.poll_action() {
+        Some(Action::Release { id, term }) => (id, term),
+        other => panic!("expected a release, got {other:?}"),
+    }
+}
+
+/// The user releases while the acquire is in flight; the release reaches the service
+/// first and finds nothing ("not owner"), the term is released; then the acquire is
+/// applied, the service grants it, and the grant arrives. The key is held by this
+/// term's token: the lease sends a second release of the term, and its gate stays
+/// closed.
+#[test]
+fn rule6_a_grant_that_arrives_after_the_release_was_answered_is_released_again() {
+    let mut r = Rig::new();
+    let acquire = r.start(at(0));
+    r.lease.release(at(10), &r.gate).unwrap();
+    let (release, _) = release_sent(&mut r);
+    r.lease
+        .handle_response(at(20), release, ReleaseOutcome::NotOwner.into(), &r.gate)
+        .unwrap();
+    assert_eq!(r.lease.state(), State::Released);
+    assert_eq!(r.drain_events(), [Event::Released]);
+
+    assert_eq!(late_grant(&mut r, at(30), acquire), Err(StaleResponse));
+    assert_eq!(r.lease.stats().stale_responses, 1);
+    let (again, term) = release_sent(&mut r);
+    assert_eq!(term, Term(1));
+    assert!(again > release, "a new request id");
+    assert_eq!(r.lease.state(), State::Released);
+    assert_eq!(r.drain_events(), []);
+    assert_eq!(r.check(at(30)), Err(GateError::Released), "never opens");
+    assert_eq!(
+        r.lease.poll_timeout(),
+        Some(at(120)),
+        "bounded by its timeout"
+    );
+    // Its answer ends nothing more: nothing left to send or time.
+    r.lease
+        .handle_response(at(40), again, ReleaseOutcome::Released.into(), &r.gate)
+        .unwrap();
+    assert_eq!(r.lease.poll_action(), None);
+    assert_eq!(r.lease.poll_timeout(), None);
+    assert_eq!(r.drain_events(), []);
+    assert_eq!(r.lease.state(), State::Released);
+}
+
+/// Only a grant to an acquire the lease really sent is released again: not one to an
+/// id never handed out, nor to the release's own id, nor a late "held by another".
+#[test]
+fn rule6_only_a_grant_to_an_acquire_that_was_sent_is_released_again() {
+    let mut r = Rig::new();
+    let acquire = r.start(at(0));
+    r.lease.release(at(10), &r.gate).unwrap();
+    let (release, _) = release_sent(&mut r);
+    r.lease
+        .handle_response(at(20), release, ReleaseOutcome::NotOwner.into(), &r.gate)
+        .unwrap();
+    let _ = r.drain_events();
+    let never_sent = RequestId(release.0 + 1);
+    for id in [
+        never_sent,
+        release,
+        RequestId((2 << 32) | 1),
+        RequestId(1 << 32),
+    ] {
+        assert_eq!(late_grant(&mut r, at(30), id), Err(StaleResponse));
+        assert_eq!(r.lease.poll_action(), None, "{id:?}");
+    }
+    let held = AcquireOutcome::HeldByAnother(Holder {
+        identity: Identity::EMPTY,
+        fence: Fence(1),
+        remaining: ms(500),
+    });
+    assert_eq!(
+        r.lease
+            .handle_response(at(31), acquire, held.into(), &r.gate),
+        Err(StaleResponse)
+    );
+    assert_eq!(r.lease.poll_action(), None);
+    assert_eq!(r.lease.stats().stale_responses, 5);
+}
+
+/// The grant arrives while the release is in flight: the service may have handled
+/// the release first, so a second release follows once the first is answered.
+#[test]
+fn rule6_a_late_grant_while_the_release_is_in_flight_is_released_after_it() {
+    let mut r = Rig::new();
+    let acquire = r.start(at(0));
+    r.lease.release(at(10), &r.gate).unwrap();
+    let (release, _) = release_sent(&mut r);
+    assert_eq!(late_grant(&mut r, at(15), acquire), Err(StaleResponse));
+    assert_eq!(r.lease.poll_action(), None, "one request in flight");
+    assert!(r.lease.is_awaiting(release));
+    r.lease
+        .handle_response(at(20), release, ReleaseOutcome::NotOwner.into(), &r.gate)
+        .unwrap();
+    assert_eq!(r.drain_events(), [Event::Released]);
+    assert_eq!(release_sent(&mut r).1, Term(1));
+    assert!(r.check(at(20)).is_err());
+}
+
+/// The same after the term ended otherwise: given up at its wait bound (an attempt
+/// timed out, its release was answered), or lost to "not owner" (a late duplicate of
+/// the acquire re-created the key for the term's token).
+#[test]
+fn rule6_a_late_grant_after_giving_up_or_a_loss_is_released_again() {
+    let mut r = Rig::new();
+    r.lease.acquire_until(at(0), at(100), &r.gate).unwrap();
+    let acquire = r.lease.poll_action().unwrap().id();
+    r.lease.handle_timeout(at(90), &r.gate); // unanswered; the bound is near
+    assert!(matches!(r.lease.state(), State::NotAcquired(_)));
+    let (release, _) = release_sent(&mut r);
+    r.lease
+        .handle_response(at(95), release, ReleaseOutcome::NotOwner.into(), &r.gate)
+        .unwrap();
+    assert_eq!(late_grant(&mut r, at(120), acquire), Err(StaleResponse));
+    assert_eq!(release_sent(&mut r).1, Term(1));
+    assert!(r.check(at(120)).is_err());
+
+    let mut r = Rig::new();
+    let acquire = r.start(at(0));
+    r.grant(at(1), acquire, 5, ms(900));
+    let renewal = r.renewal_due(at(300));
+    r.renew_answer(at(301), renewal, RenewOutcome::NotOwner);
+    assert_eq!(r.lease.poll_action(), None, "not owner: nothing to delete");
+    assert_eq!(late_grant(&mut r, at(302), acquire), Err(StaleResponse));
+    assert_eq!(release_sent(&mut r).1, Term(1));
+    assert_eq!(r.lease.state(), State::Lost(LossReason::NotOwner));
+    assert!(r.check(at(302)).is_err());
+}
+
+/// While the term is still acquiring or held, a late grant to one of its acquires
+/// needs nothing: the key is the term's (its next attempt gets the same fence).
+#[test]
+fn rule6_a_late_grant_of_the_running_term_sends_nothing() {
+    let mut r = Rig::new();
+    let first = r.start(at(0));
+    r.lease.handle_timeout(at(90), &r.gate); // times out, a retry is scheduled
+    assert_eq!(late_grant(&mut r, at(91), first), Err(StaleResponse));
+    assert_eq!(r.lease.poll_action(), None);
+    assert_eq!(r.lease.state(), State::Acquiring);
+    let retry = r.lease.poll_timeout().unwrap();
+    r.lease.handle_timeout(retry, &r.gate);
+    let second = r.lease.poll_action().unwrap().id();
+    r.grant(retry + ms(1), second, 9, ms(900));
+    assert_eq!(late_grant(&mut r, retry + ms(2), first), Err(StaleResponse));
+    assert_eq!(r.lease.poll_action(), None);
+    assert_eq!(r.lease.state(), State::Holding);
+}
+
+/// A newer term is already running when an older term's grant arrives: the release of
+/// the older term waits until no request is in flight (the newer term's acquire is
+/// told "held by another", by that very grant), goes out before the newer term's
+/// retry, and the retry follows it. A grant of the newer term makes it moot (one
+/// holder per key: the older grant ended before it).
+#[test]
+fn rule6_a_late_grant_of_an_older_term_is_released_before_the_newer_term_retries() {
+    let held = AcquireOutcome::HeldByAnother(Holder {
+        identity: Identity::EMPTY,
+        fence: Fence(9),
+        remaining: ms(800),
+    });
+    let ended_term = |r: &mut Rig| {
+        let acquire = r.start(at(0));
+        r.lease.release(at(10), &r.gate).unwrap();
+        let (release, _) = release_sent(r);
+        r.lease
+            .handle_response(at(20), release, ReleaseOutcome::NotOwner.into(), &r.gate)
+            .unwrap();
+        let _ = r.drain_events();
+        acquire
+    };
+
+    let mut r = Rig::new();
+    let old = ended_term(&mut r);
+    let newer = r.start(at(30));
+    assert_eq!(late_grant(&mut r, at(31), old), Err(StaleResponse));
+    assert_eq!(r.lease.poll_action(), None, "the acquire is in flight");
+    r.lease
+        .handle_response(at(32), newer, held.into(), &r.gate)
+        .unwrap();
+    let Some(Event::AcquireFailed {
+        retry_at: Some(retry),
+        ..
+    }) = r.lease.poll_event()
+    else {
+        panic!("a retry")
+    };
+    let (rerelease, term) = release_sent(&mut r);
+    assert_eq!(term, Term(1), "the older term's token");
+    assert_eq!(rerelease.0 >> 32, 2, "an id of the current term");
+    assert_eq!(
+        r.lease.poll_timeout(),
+        Some(at(122)),
+        "the retry waits for it"
+    );
+    r.lease
+        .handle_response(at(40), rerelease, ReleaseOutcome::Released.into(), &r.gate)
+        .unwrap();
+    assert_eq!(r.lease.poll_action(), None);
+    assert_eq!(r.lease.poll_timeout(), Some(retry));
+    r.lease.handle_timeout(retry, &r.gate);
+    assert!(matches!(
+        r.lease.poll_action(),
+        Some(Action::Acquire { term: Term(2), .. })
+    ));
+
+    let mut r = Rig::new();
+    let old = ended_term(&mut r);
+    let newer = r.start(at(30));
+    assert_eq!(late_grant(&mut r, at(31), old), Err(StaleResponse));
+    r.grant(at(32), newer, 10, ms(900));
+    assert_eq!(r.lease.state(), State::Holding);
+    r.lease.release(at(40), &r.gate).unwrap();
+    let (release, term) = release_sent(&mut r);
+    assert_eq!(term, Term(2));
+    r.lease
+        .handle_response(at(41), release, ReleaseOutcome::Released.into(), &r.gate)
+        .unwrap();
+    assert_eq!(r.lease.poll_action(), None, "the older grant is gone");
+}
+
 // ----- Rule 7: fail-closed ----------------------------------------------------------
 
 #[test]
@@ -573,6 +817,27 @@ fn rule8_answers_from_a_previous_term_cannot_reopen_the_gate() {
     );
     assert_eq!(r.lease.state(), State::Acquiring);
     assert_eq!(r.check(at(401)), Err(GateError::NotHeld));
+}
+
+/// An input past the deadline expires the term first, which queues the loss's release
+/// under the next id; an answer that carries that id answers a request never handed
+/// out. It is stale: counted, and the release still goes out.
+#[test]
+fn rule8_an_answer_for_the_id_the_expiry_just_queued_is_stale_and_the_release_goes_out() {
+    let mut r = Rig::new();
+    let acquire = r.start(at(0));
+    r.grant(at(1), acquire, 5, ms(900));
+    let _ = r.drain_events();
+    let next = RequestId(acquire.0 + 1);
+    assert_eq!(
+        r.lease
+            .handle_response(at(900), next, ReleaseOutcome::Released.into(), &r.gate),
+        Err(StaleResponse)
+    );
+    assert_eq!(r.lease.stats().stale_responses, 1);
+    assert_eq!(r.lease.state(), State::Lost(LossReason::Expired));
+    assert_eq!(release_sent(&mut r), (next, Term(1)));
+    assert!(r.lease.is_awaiting(next));
 }
 
 // ----- Time never goes backwards -------------------------------------------------
@@ -1183,9 +1448,8 @@ fn contract_a_bounded_acquire_gives_up_and_releases_what_may_have_been_granted()
 #[test]
 fn contract_acquire_retries_are_jittered_around_the_retry_interval() {
     let mut gaps = vec![];
-    for seed in 1..50u32 {
-        let mut lease =
-            Lease::new(Config::builder(ms(900)).build().unwrap()).with_jitter_seed(seed);
+    for n in 1..50u32 {
+        let mut lease = Lease::new(Config::builder(ms(900)).build().unwrap(), owner(n));
         let gate = WriteGate::new();
         lease.acquire(at(0), &gate).unwrap();
         let id = lease.poll_action().unwrap().id();
@@ -1209,11 +1473,52 @@ fn contract_acquire_retries_are_jittered_around_the_retry_interval() {
     assert!(max - min > 30_000, "{gaps:?}");
 }
 
-/// The jitter's bounds hold at the smallest intervals too: seed 203,325 draws a factor
-/// of exactly 0.5, which for an odd interval of µs rounded the wait down (1 µs of 3),
-/// and for 1 µs to no wait at all: the retry then went out in the very call that
-/// timed the attempt out, whose `AcquireFailed` said `retry_at: None` ("the acquire is
-/// over") while the lease was still acquiring.
+/// The retry jitter is seeded from the owner: contenders with different owners (even
+/// serial numbers one apart) that are refused at the same instants retry at
+/// different ones, and a lease with the same owner retries at the same instants.
+#[test]
+fn contract_contenders_retry_at_instants_of_their_own_owner() {
+    let config = Config::builder(ms(900)).build().unwrap();
+    let retries = |owner: Owner| -> Vec<Instant> {
+        let gate = WriteGate::new();
+        let mut lease = Lease::new(config, owner);
+        let mut retries = vec![];
+        lease.acquire(at(0), &gate).unwrap();
+        for round in 0..5 {
+            // Refused at 0, 100, 200… ms: every retry falls within 67.5 ms.
+            let now = at(100 * round);
+            if round > 0 {
+                lease.handle_timeout(now, &gate);
+            }
+            let id = lease.poll_action().unwrap().id();
+            let held = AcquireOutcome::HeldByAnother(Holder {
+                identity: Identity::EMPTY,
+                fence: Fence(1),
+                remaining: ms(500),
+            });
+            lease.handle_response(now, id, held.into(), &gate).unwrap();
+            retries.push(lease.poll_timeout().unwrap());
+        }
+        retries
+    };
+    let pairs = [
+        (owner(1), owner(2)),
+        (Owner(*b"pump-controller7"), Owner(*b"pump-controller8")),
+        (OWNER, Owner([0; 16])),
+    ];
+    for (a, b) in pairs {
+        let (ra, rb) = (retries(a), retries(b));
+        assert_ne!(ra[0], rb[0], "{a:?} and {b:?}: {ra:?}");
+        assert_ne!(ra, rb);
+        assert_eq!(ra, retries(a), "the same owner, the same instants");
+    }
+}
+
+/// The jitter's bounds hold at the smallest intervals too: owner 3,148,342 draws a
+/// factor of exactly 0.5 first, which for an odd interval of µs rounded the wait down
+/// (1 µs of 3), and for 1 µs to no wait at all: the retry then went out in the very
+/// call that timed the attempt out, whose `AcquireFailed` said `retry_at: None` ("the
+/// acquire is over") while the lease was still acquiring.
 #[test]
 fn contract_a_retry_waits_at_least_half_the_retry_interval_even_at_one_microsecond() {
     let held = AcquireOutcome::HeldByAnother(Holder {
@@ -1221,13 +1526,23 @@ fn contract_a_retry_waits_at_least_half_the_retry_interval_even_at_one_microseco
         fence: Fence(1),
         remaining: ms(500),
     });
+    let half = owner(3_148_342);
+    // Its first draw is 0.5 exactly: 22.5 ms of the default 45 ms.
+    let gate = WriteGate::new();
+    let mut lease = Lease::new(Config::builder(ms(900)).build().unwrap(), half);
+    lease.acquire(at(0), &gate).unwrap();
+    let id = lease.poll_action().unwrap().id();
+    lease
+        .handle_response(at(10), id, held.into(), &gate)
+        .unwrap();
+    assert_eq!(lease.poll_timeout(), Some(at_us(32_500)));
     for interval in [1u64, 3, 5] {
         let config = Config::builder(ms(900))
             .retry_interval(Duration::from_micros(interval))
             .build()
             .unwrap();
         let gate = WriteGate::new();
-        let mut lease = Lease::new(config).with_jitter_seed(203_325);
+        let mut lease = Lease::new(config, half);
         lease.acquire(at(0), &gate).unwrap();
         let id = lease.poll_action().unwrap().id();
         lease
@@ -1245,7 +1560,7 @@ fn contract_a_retry_waits_at_least_half_the_retry_interval_even_at_one_microseco
         .build()
         .unwrap();
     let gate = WriteGate::new();
-    let mut lease = Lease::new(config).with_jitter_seed(203_325);
+    let mut lease = Lease::new(config, half);
     lease.acquire(at(0), &gate).unwrap();
     while lease.poll_action().is_some() {}
     // The attempt is never answered: it times out.
@@ -1269,8 +1584,8 @@ fn contract_the_release_backoff_outlasts_every_waiters_retry_gap() {
     let config = Config::builder(ms(900)).build().unwrap();
     let backoff = config.release_backoff().as_micros();
     let mut longest = 0;
-    for seed in 1..200u32 {
-        let mut lease = Lease::new(config).with_jitter_seed(seed);
+    for n in 1..200u32 {
+        let mut lease = Lease::new(config, owner(n));
         let gate = WriteGate::new();
         let mut now = at(0);
         lease.acquire(now, &gate).unwrap();

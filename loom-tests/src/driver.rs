@@ -2,7 +2,7 @@
 
 use leasehold::{
     AcquireOutcome, Action, Config, ConfigBuilder, Duration, Fence, GateError, GateSnapshot,
-    GateStatus, Instant, Lease, LossReason, RenewOutcome, RequestId, State, WriteGate,
+    GateStatus, Instant, Lease, LossReason, Owner, RenewOutcome, RequestId, State, WriteGate,
 };
 
 /// Fence of the first term. Both 32-bit halves differ from [`FENCE_B`]'s.
@@ -130,7 +130,7 @@ impl Driver {
     /// A driver for a fresh lease with `config`.
     pub fn with_config(config: Config) -> Driver {
         Driver {
-            lease: Lease::new(config),
+            lease: Lease::new(config, Owner([1; 16])),
             sent: Instant::ZERO,
         }
     }

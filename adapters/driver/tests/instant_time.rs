@@ -143,7 +143,7 @@ fn renews_every_third_then_releases_on_request() {
     let service = OneKey::default();
     let clock = JumpClock(Cell::new(Instant::ZERO));
     let gate = WriteGate::new();
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([1; 16]));
     let mut events = Vec::new();
 
     let end = block_on(run_term(
@@ -182,7 +182,7 @@ fn not_owner_ends_the_term_with_the_gate_closed() {
     service.refuse_renewals_after.set(Some(2));
     let clock = JumpClock(Cell::new(Instant::ZERO));
     let gate = WriteGate::new();
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([1; 16]));
 
     let end = block_on(run_term(
         &mut lease,
@@ -208,7 +208,7 @@ fn a_running_term_cannot_be_driven_twice() {
     let service = OneKey::default();
     let clock = JumpClock(Cell::new(Instant::ZERO));
     let gate = WriteGate::new();
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([1; 16]));
     lease.acquire(Instant::ZERO, &gate).unwrap();
     let result = block_on(run_term(
         &mut lease,
@@ -228,7 +228,7 @@ fn a_target_is_copy_for_any_service() {
     let service = OneKey::default();
     let clock = JumpClock(Cell::new(Instant::ZERO));
     let gate = WriteGate::new();
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([1; 16]));
     let target = target(&service);
     for _ in 0..2 {
         let end = block_on(run_term(
@@ -252,7 +252,7 @@ fn a_held_key_is_reported_with_its_holder_and_the_wait_bound_ends_the_term() {
     service.fence.set(41);
     let clock = JumpClock(Cell::new(Instant::ZERO));
     let gate = WriteGate::new();
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([1; 16]));
     let mut reports = Vec::new();
 
     let end = block_on(run_term(
@@ -289,7 +289,7 @@ fn a_final_refusal_ends_the_term_at_once() {
     service.refuse_acquires.set(Some(Refusal::Unauthorized));
     let clock = JumpClock(Cell::new(Instant::ZERO));
     let gate = WriteGate::new();
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([1; 16]));
     let end = block_on(run_term(
         &mut lease,
         &gate,
@@ -341,7 +341,7 @@ fn a_sleep_is_built_only_when_the_deadline_changes_or_the_last_one_ended() {
         sleeps: RefCell::new(Vec::new()),
     };
     let gate = WriteGate::new();
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([1; 16]));
 
     let end = block_on(run_term(
         &mut lease,
@@ -367,4 +367,136 @@ fn a_sleep_is_built_only_when_the_deadline_changes_or_the_last_one_ended() {
             "a sleep until {before:?} was rebuilt while the first still waited: {sleeps:?}"
         );
     }
+}
+
+/// A service where the acquire is slow on the wire: it is sent when first polled, but
+/// the service handles it only after the next release (the release overtook it), and
+/// its answer arrives after the release's. With `never`, it is never handled.
+#[derive(Default)]
+struct SlowAcquire {
+    key: OneKey,
+    never: bool,
+    /// The acquire on the wire, not handled yet.
+    sent: RefCell<Option<(OwnerToken, Duration)>>,
+    /// Its answer, once handled, waiting to arrive.
+    answer: RefCell<Option<AcquireOutcome>>,
+    releases: RefCell<Vec<OwnerToken>>,
+}
+
+impl LocalLockService for SlowAcquire {
+    async fn acquire(
+        &self,
+        _key: &str,
+        token: OwnerToken,
+        _identity: &Identity,
+        ttl: Duration,
+    ) -> AcquireOutcome {
+        *self.sent.borrow_mut() = Some((token, ttl));
+        poll_fn(|_| match self.answer.borrow_mut().take() {
+            Some(outcome) => Poll::Ready(outcome),
+            None => Poll::Pending,
+        })
+        .await
+    }
+    async fn renew(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        fence: Fence,
+        ttl: Duration,
+    ) -> RenewOutcome {
+        self.key.renew(key, token, fence, ttl).await
+    }
+    async fn release(&self, key: &str, token: OwnerToken) -> ReleaseOutcome {
+        self.releases.borrow_mut().push(token);
+        let answer = self.key.release(key, token).await;
+        if !self.never {
+            let sent = self.sent.borrow_mut().take();
+            if let Some((token, ttl)) = sent {
+                let granted = self.key.acquire(key, token, &IDENTITY, ttl).await;
+                *self.answer.borrow_mut() = Some(granted);
+            }
+        }
+        answer
+    }
+    async fn holder(&self, key: &str) -> HolderOutcome {
+        self.key.holder(key).await
+    }
+}
+
+fn slow_target(service: &SlowAcquire) -> Target<'_, SlowAcquire> {
+    Target {
+        service,
+        key: "k",
+        owner: Owner([1; 16]),
+        identity: &IDENTITY,
+    }
+}
+
+/// The acquire goes out and is slow; it times out, the user releases, the release
+/// finds nothing ("not owner"), the term is released; then the service handles the
+/// acquire and grants it. The loop keeps the acquire's I/O after the lease stopped
+/// awaiting it, so the late grant reaches the lease, which releases the key again:
+/// the key is free when the term ends, and the gate never opened.
+#[test]
+fn a_grant_that_arrives_after_the_release_is_released_again() {
+    let service = SlowAcquire::default();
+    let clock = JumpClock(Cell::new(Instant::ZERO));
+    let gate = WriteGate::new();
+    let mut lease = Lease::new(config(), Owner([1; 16]));
+    let mut events = Vec::new();
+    let end = block_on(run_term(
+        &mut lease,
+        &gate,
+        slow_target(&service),
+        &clock,
+        Instant::MAX,
+        at_time(&clock, Instant::from_millis(10)),
+        |report| {
+            if let Report::Event(e) = report {
+                events.push(e);
+            }
+        },
+    ))
+    .unwrap();
+
+    assert_eq!(end, TermEnd::Released);
+    let term = Owner([1; 16]).token(leasehold::Term(1));
+    assert_eq!(*service.releases.borrow(), [term, term], "released again");
+    assert_eq!(
+        service.key.holder_token(),
+        None,
+        "the late grant was deleted"
+    );
+    assert!(!events.iter().any(|e| matches!(e, Event::Acquired { .. })));
+    assert!(matches!(events.last(), Some(Event::Released)));
+    assert_eq!(gate.check(clock.now()), Err(GateError::Released));
+    assert_eq!(lease.stats().stale_responses, 1, "the late grant");
+}
+
+/// An acquire that is never answered is kept for one TTL after it was sent, no longer:
+/// the term ends then.
+#[test]
+fn an_acquire_that_is_never_answered_is_kept_one_ttl() {
+    let service = SlowAcquire {
+        never: true,
+        ..SlowAcquire::default()
+    };
+    let clock = JumpClock(Cell::new(Instant::ZERO));
+    let gate = WriteGate::new();
+    let mut lease = Lease::new(config(), Owner([1; 16]));
+    let end = block_on(run_term(
+        &mut lease,
+        &gate,
+        slow_target(&service),
+        &clock,
+        Instant::MAX,
+        at_time(&clock, Instant::from_millis(10)),
+        |_| {},
+    ))
+    .unwrap();
+    assert_eq!(end, TermEnd::Released);
+    // Sent at 0, timed out at 90 ms, released then (the clock jumped there).
+    assert_eq!(clock.now(), Instant::from_millis(900));
+    assert_eq!(service.releases.borrow().len(), 1);
 }

@@ -202,7 +202,7 @@ impl Sim {
                 Client {
                     owner: Owner(id),
                     origin: scn.client_origins[who],
-                    lease: Lease::new(scn.config),
+                    lease: Lease::new(scn.config, Owner(id)),
                     gate: WriteGate::new(),
                     paused_until: None,
                     inbox: Vec::new(),

@@ -199,7 +199,7 @@ mod lease {
 
     #[embassy_executor::task]
     async fn lease_task() {
-        let mut lease = Lease::new(CONFIG);
+        let mut lease = Lease::new(CONFIG, OWNER);
         let identity = identity();
         #[cfg(not(feature = "redis"))]
         let service = &crate::LINK;

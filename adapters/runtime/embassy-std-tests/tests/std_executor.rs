@@ -228,7 +228,7 @@ static STALL: LeaseShared = LeaseShared::new();
 async fn stall_scenario(report: mpsc::Sender<Report>) {
     // Two renewals are answered; from the third on the link is silent.
     let gateway = Gateway::new(&STALL, 2);
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([7; 16]));
     let lease_task = run_term(&mut lease, &STALL, target(&gateway), |_| {});
     let (end, lost_signal) = futures::future::join(lease_task, STALL.wait_lost()).await;
     let _ = report.send(Report {
@@ -283,7 +283,7 @@ static RELEASE: LeaseShared = LeaseShared::new();
 #[embassy_executor::task]
 async fn release_scenario(report: mpsc::Sender<Report>, renewed: mpsc::Sender<()>) {
     let gateway = Gateway::new(&RELEASE, usize::MAX);
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([7; 16]));
     let end = run_term(&mut lease, &RELEASE, target(&gateway), |report| {
         if matches!(report, LeaseReport::Event(Event::Renewed { .. })) {
             let _ = renewed.send(());

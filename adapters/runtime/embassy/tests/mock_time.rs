@@ -333,7 +333,7 @@ fn renews_every_third_of_the_ttl_counted_from_send_time() {
     let _clock = virtual_clock();
     let shared = LeaseShared::new();
     let gateway = Gateway::new(&shared);
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([7; 16]));
     let mut refused = Vec::new();
 
     let end = drive(
@@ -363,7 +363,7 @@ fn a_blip_is_retried_inside_the_budget_and_is_not_a_loss() {
     let shared = LeaseShared::new();
     let gateway = Gateway::new(&shared);
     gateway.script_renewals(&[Reply::Normal, Reply::Blip]);
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([7; 16]));
     let mut events = Vec::new();
     let mut refused = Vec::new();
 
@@ -410,7 +410,7 @@ fn a_stalled_link_closes_the_gate_before_the_service_expires_the_lease() {
     gateway.script_renewals(&[Reply::Normal, Reply::Stall, Reply::Stall, Reply::Stall]);
     gateway.script_renewals(&[Reply::Stall, Reply::Stall, Reply::Stall]);
     gateway.release_reply.set(Reply::Stall);
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([7; 16]));
     let mut first_refusal = None;
     let mut lost_signal = None;
 
@@ -458,7 +458,7 @@ fn not_owner_is_a_loss_at_once_not_at_the_deadline() {
     let shared = LeaseShared::new();
     let gateway = Gateway::new(&shared);
     gateway.script_renewals(&[Reply::Normal, Reply::NotOwner]);
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([7; 16]));
     let mut first_refusal = None;
     let mut lost_signal = None;
 
@@ -499,7 +499,7 @@ fn a_release_closes_the_gate_before_the_request_goes_out_and_never_waits_for_it(
     // The gateway never answers the release: the term still ends, one request
     // timeout (300 ms) after the release was asked for.
     gateway.release_reply.set(Reply::Stall);
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([7; 16]));
     let mut first_refusal = None;
 
     let lease_task = run_term(&mut lease, &shared, target(&gateway), |_| {});
@@ -538,7 +538,7 @@ fn an_acquire_gives_up_at_its_bound_and_names_the_holder() {
     let shared = LeaseShared::new();
     let gateway = Gateway::new(&shared);
     gateway.held_by("other-controller", at(60_000));
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([7; 16]));
     let mut holders = Vec::new();
     let mut opened = false;
 
@@ -580,7 +580,7 @@ fn a_refused_acquire_ends_at_once_whatever_the_bound() {
     let _clock = virtual_clock();
     let shared = LeaseShared::new();
     let gateway = Gateway::new(&shared);
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([7; 16]));
     let target = Target {
         key: "pump{7}",
         ..target(&gateway)
@@ -611,7 +611,7 @@ fn the_holder_query_names_who_holds_the_key() {
     let _clock = virtual_clock();
     let shared = LeaseShared::new();
     let gateway = Gateway::new(&shared);
-    let mut lease = Lease::new(config());
+    let mut lease = Lease::new(config(), Owner([7; 16]));
 
     let term = run_term(&mut lease, &shared, target(&gateway), |_| {});
     let end = drive(term, at(100), |_| {});

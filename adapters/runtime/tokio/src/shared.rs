@@ -515,7 +515,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_release_asked_for_past_the_deadline_reports_the_expiry() {
         let shared = Shared::sample();
-        let mut lease = Lease::new(shared.config());
+        let mut lease = Lease::new(shared.config(), shared.owner);
         lease.acquire(shared.clock().now(), &shared.gate).unwrap();
         let Some(Action::Acquire { id, ttl, .. }) = lease.poll_action() else {
             panic!("an acquire");

@@ -28,7 +28,7 @@ async fn a_stall_ends_the_lease_before_redis_expires_the_key() {
     let config = Config::builder(Duration::from_millis(3_000))
         .build()
         .unwrap();
-    let mut lease = Lease::new(config);
+    let mut lease = Lease::new(config, Owner([9; 16]));
     let gate = WriteGate::new();
     let identity = Identity::new("device").unwrap();
     let target = Target {

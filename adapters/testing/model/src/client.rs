@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use leasehold::{Action, Instant, Lease, RequestId, Response, State, WriteGate};
+use leasehold::{Action, Instant, Lease, Owner, RequestId, Response, State, WriteGate};
 
 use crate::cells::{GateCell, LeaseCell};
 use crate::params::{lease_config, TICK_US};
@@ -49,10 +49,11 @@ pub fn local(now: u8) -> Instant {
 }
 
 impl Client {
-    /// A client that has not acquired yet; `seed` spreads the retry jitter.
-    pub fn new(seed: u32) -> Client {
+    /// A client that has not acquired yet, presenting `owner` (which also seeds its
+    /// retry jitter).
+    pub fn new(owner: Owner) -> Client {
         Client {
-            lease: LeaseCell(Lease::new(lease_config()).with_jitter_seed(seed)),
+            lease: LeaseCell(Lease::new(lease_config(), owner)),
             gate: GateCell::new(),
             paused_until: 0,
             pending_write: None,

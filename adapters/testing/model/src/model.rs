@@ -134,6 +134,13 @@ impl Sys {
     }
 }
 
+/// The owner client `i` presents (it also seeds the client's retry jitter).
+pub fn owner_of(i: u8) -> leasehold::Owner {
+    let mut owner = *b"model client #0\0";
+    owner[14] = b'0'.wrapping_add(i);
+    leasehold::Owner(owner)
+}
+
 impl LeaseModel {
     fn initial(&self, grant_max: u8) -> Sys {
         Sys {
@@ -141,7 +148,7 @@ impl LeaseModel {
             faults_left: self.params.faults,
             releases_left: self.params.releases,
             clients: (0..self.params.clients)
-                .map(|i| Client::new(0x9e37_79b9 ^ (u32::from(i) + 1).wrapping_mul(0x85eb_ca6b)))
+                .map(|i| Client::new(owner_of(i)))
                 .collect(),
             service: Service::new(grant_max),
             net: Vec::new(),

@@ -97,8 +97,42 @@ impl Params {
         grant_max: 9,
     };
 
+    /// The horizon these bounds need for liveness (g): `horizon`, raised for three
+    /// faults or more to `fault_window + late_ticks + TTL + 2` (17 ticks with the CI
+    /// bounds).
+    ///
+    /// Three faults can keep the key from every client for longer than two can: a
+    /// holder's renewal is delayed (1) and duplicated (2), one copy is answered
+    /// NOT_OWNER while the service keeps the key (3: what a client sees when a
+    /// failover lost the key, without the model losing it), so the holder ends its
+    /// term with nothing to release, and the other copy, delivered at the end of its
+    /// delay (tick `fault_window + late_ticks`), renews the old token's grant for a
+    /// full TTL. Nobody can take the key before it expires (tick 15 with the CI
+    /// bounds), and a waiter's next attempt falls up to 1.5 retry intervals later: it
+    /// holds at tick 16 at the latest, and the check asks at ticks before the
+    /// horizon. With the CI horizon of 14 that is the path (g) reports; the key is
+    /// not stuck, the horizon ended first. With two faults, (g) holds at 14 ticks
+    /// (the CI run).
+    pub const fn liveness_horizon(self) -> u8 {
+        if self.faults < 3 {
+            return self.horizon;
+        }
+        let needed = self
+            .fault_window
+            .saturating_add(self.late_ticks)
+            .saturating_add(TTL_TICKS as u8)
+            .saturating_add(2);
+        if needed > self.horizon {
+            needed
+        } else {
+            self.horizon
+        }
+    }
+
     /// `base`, with any of `LEASEHOLD_MODEL_{CLIENTS,HORIZON,FAULT_WINDOW,FAULTS,
     /// PAUSE,LATE,CAPACITY,RELEASES,GRANT_MAX}` set in the environment overriding it.
+    /// Without `LEASEHOLD_MODEL_HORIZON`, the horizon is the one liveness needs for
+    /// the fault count ([`liveness_horizon`](Self::liveness_horizon)).
     pub fn from_env(base: Params) -> Result<Params, String> {
         fn var(name: &str, default: u8) -> Result<u8, String> {
             match std::env::var(name) {
@@ -108,7 +142,7 @@ impl Params {
                 Err(_) => Ok(default),
             }
         }
-        let p = Params {
+        let mut p = Params {
             clients: var("LEASEHOLD_MODEL_CLIENTS", base.clients)?,
             horizon: var("LEASEHOLD_MODEL_HORIZON", base.horizon)?,
             fault_window: var("LEASEHOLD_MODEL_FAULT_WINDOW", base.fault_window)?,
@@ -119,6 +153,9 @@ impl Params {
             releases: var("LEASEHOLD_MODEL_RELEASES", base.releases)?,
             grant_max: var("LEASEHOLD_MODEL_GRANT_MAX", base.grant_max)?,
         };
+        if std::env::var_os("LEASEHOLD_MODEL_HORIZON").is_none() {
+            p.horizon = p.liveness_horizon();
+        }
         if !(1..=8).contains(&p.clients) {
             return Err(format!("clients must be 1 to 8, not {}", p.clients));
         }

@@ -161,7 +161,7 @@ mod probe {
     }
 
     pub fn run() -> ! {
-        let mut lease = Lease::new(config());
+        let mut lease = Lease::new(config(), Owner(black_box([0x5a; 16])));
         let mut storage = FenceGate::starting_at(Fence(input()));
         loop {
             let now = Instant::from_micros(input());
@@ -419,7 +419,8 @@ mod driver_probe {
         core::mem::MaybeUninit::uninit();
 
     pub fn run() -> ! {
-        let mut lease = Lease::new(CONFIG);
+        let owner = Owner([1; 16]);
+        let mut lease = Lease::new(CONFIG, owner);
         #[cfg(not(feature = "probe-resp"))]
         let service = &OpaqueService;
         #[cfg(feature = "probe-resp")]
@@ -427,7 +428,7 @@ mod driver_probe {
         let target = Target {
             service,
             key: "k",
-            owner: Owner([1; 16]),
+            owner,
             identity: &Identity::EMPTY,
         };
         let mut cx = Context::from_waker(Waker::noop());

@@ -114,7 +114,7 @@ where
     let release_taken = Rc::new(Cell::new(None));
     let taken = release_taken.clone();
     let end = tokio::task::spawn_local(async move {
-        let mut lease = Lease::new(config);
+        let mut lease = Lease::new(config, owner);
         let released = async move {
             // A dropped sender means "never release".
             if release_rx.await.is_err() {
