@@ -47,8 +47,8 @@ use crate::{
 /// change nothing — with three exceptions that can only make the lease *safer*: a
 /// late "not owner" to a renewal of the current term ends it
 /// ([`LossReason::NotOwner`]), and so does a late renewal that confirms a shorter TTL
-/// than asked ([`LossReason::Shortened`]); a late grant to an acquire of a term that
-/// has ended is released again (an [`Action::Release`] of that term), and the gate
+/// than asked ([`LossReason::Shortened`]); a late grant to an acquire of the current
+/// term, after it ended, is released again (an [`Action::Release`]), and the gate
 /// never opens for it. The [rules](crate::rules) say why.
 ///
 /// Use one `WriteGate` per `Lease`, and always the same one: the lease is its only writer.
@@ -109,10 +109,6 @@ pub struct Lease {
     flags: Flags,
     event: Option<EventKind>,
     in_flight: Option<RequestKind>,
-    /// A late grant to re-release ([`RequestKind::Rerelease`]), pending or in flight:
-    /// 0 for none, else 1 + how many terms before the current one it was granted
-    /// to. One byte, in what was the lease's padding.
-    rerelease: u8,
 }
 
 /// Booleans of a [`Lease`], one byte.
@@ -131,9 +127,9 @@ impl Flags {
     /// it may still be applied later, whatever later attempts are told, so the term
     /// stays [`MAYBE_GRANTED`](Self::MAYBE_GRANTED) to its end.
     const UNANSWERED_ACQUIRE: u8 = 8;
-    /// Another late grant for the re-release's term came while the re-release was in
-    /// flight: that one may have been handled first, so it is sent again.
-    const RERELEASE_AGAIN: u8 = 16;
+    /// A grant to an acquire of this term came after the term ended: release the
+    /// term again as soon as no request is in flight.
+    const RERELEASE: u8 = 16;
 
     const fn get(self, flag: u8) -> bool {
         self.0 & flag != 0
@@ -202,10 +198,6 @@ pub enum Action {
     },
     /// Delete the key if the owner token of `term` still holds it. Best effort: writes
     /// stopped already, and nothing waits for the answer but `Released`.
-    ///
-    /// `term` is the current term, or an older one when the release answers a grant
-    /// that arrived after its term had ended (the id is still one of the current
-    /// term's: ids only grow).
     Release {
         /// Tag the answer with this.
         id: RequestId,
@@ -237,9 +229,7 @@ pub enum Event {
         reason: AcquireFailure,
         /// When the next attempt is sent; `None` when the acquire is over (a final
         /// refusal, or the wait bound ran out): the lease is then
-        /// [`State::NotAcquired`]. A release of an older term's late grant
-        /// ([`Lease::handle_response`]) in flight then holds it back until it is
-        /// answered or times out.
+        /// [`State::NotAcquired`].
         retry_at: Option<Instant>,
     },
     /// A renewal was confirmed.
@@ -355,9 +345,6 @@ enum RequestKind {
     Acquire,
     Renew,
     Release,
-    /// A release of the term `Lease::rerelease` names, for a grant whose answer came
-    /// after that term had ended; answered as a release, it ends nothing.
-    Rerelease,
 }
 
 /// An event waiting for `poll_event`; its data that the lease still knows is filled
@@ -427,7 +414,6 @@ impl Lease {
             flags: Flags(0),
             event: None,
             in_flight: None,
-            rerelease: 0,
         }
     }
 
@@ -481,8 +467,8 @@ impl Lease {
     }
     /// Whether the lease still waits for the answer to request `id`. A driver may drop
     /// the I/O of a request the lease gave up on (timed out, superseded, term over);
-    /// it should keep an acquire's until it resolves, if it can, so that a late grant
-    /// reaches [`handle_response`](Self::handle_response) and is released again.
+    /// a loop that can keep an acquire's until it resolves and deliver its answer
+    /// lets a late grant be released again ([`handle_response`](Self::handle_response)).
     pub const fn is_awaiting(&self, id: RequestId) -> bool {
         self.in_flight.is_some() && id.0 == self.last_id
     }
@@ -509,10 +495,7 @@ impl Lease {
     /// == now` tries once (`flock -n`). A final refusal ends it at once, whatever the
     /// bound. An attempt already in flight at `give_up_at` is still awaited (for at
     /// most the request timeout), and if the service may have granted any attempt, a
-    /// release is sent when the acquire gives up. A release of an older term's late
-    /// grant ([`handle_response`](Self::handle_response)) goes out before the next
-    /// attempt, which waits for its answer (at most one request timeout), even past
-    /// `give_up_at`.
+    /// release is sent when the acquire gives up.
     pub fn acquire_until(
         &mut self,
         now: Instant,
@@ -531,10 +514,6 @@ impl Lease {
             }
         }
         let term = self.term().0.wrapping_add(1);
-        // A re-release still to send is now one term further back (forgotten past 254).
-        if self.rerelease != 0 {
-            self.rerelease = self.rerelease.checked_add(1).unwrap_or(0);
-        }
         self.last_id = u64::from(term) << 32;
         self.fence = Fence(0);
         self.granted = Duration::ZERO;
@@ -598,9 +577,7 @@ impl Lease {
                 let response = match kind {
                     RequestKind::Acquire => Response::Acquire(AcquireOutcome::Indeterminate(why)),
                     RequestKind::Renew => Response::Renew(RenewOutcome::Indeterminate(why)),
-                    RequestKind::Release | RequestKind::Rerelease => {
-                        Response::Release(ReleaseOutcome::Indeterminate(why))
-                    }
+                    RequestKind::Release => Response::Release(ReleaseOutcome::Indeterminate(why)),
                 };
                 self.answered(now, &response, gate);
             }
@@ -629,17 +606,14 @@ impl Lease {
     ///   means the grant was deleted or replaced, and renewals never re-create one),
     ///   and so does a confirmed TTL shorter than asked ([`LossReason::Shortened`]:
     ///   the service may have expired the key before the deadline the gate holds);
-    /// * a late `Granted` to an acquire this lease sent, once that acquire's term has
-    ///   ended (released, not acquired, lost — also while its release is in flight,
-    ///   which the service may have handled first): the key may be held by that
-    ///   term's token, so a release of that term is sent as soon as no request is in
-    ///   flight (one such re-release is remembered; a newer late grant replaces it).
-    ///   A grant of the current term makes it moot (one holder per key: the older
-    ///   grant ended before it), so it is dropped then, and a late grant of an older
-    ///   term that arrives while the current term is held is ignored. While the
-    ///   acquire's own term is still acquiring or held, nothing is done: the key is
-    ///   the term's, and its next attempt is granted the same fence. The gate never
-    ///   opens for a late grant.
+    /// * a late `Granted` to an acquire of the current term that this lease handed out,
+    ///   once the term has ended (released, not acquired, lost — also while its
+    ///   release is in flight, which the service may have handled first): the key may
+    ///   be held by the term's token, so a release of the term is sent again as soon
+    ///   as no request is in flight. While the term is acquiring or held nothing is
+    ///   done (the key is the term's, and its next attempt is granted the same
+    ///   fence); a late grant of an older term is only counted. The gate never opens
+    ///   for a late grant.
     ///
     /// All of them still return `Err(StaleResponse)` and are counted, as the request
     /// was not the one in flight.
@@ -657,14 +631,12 @@ impl Lease {
             Response::Renew(_) => RequestKind::Renew,
             Response::Release(_) => RequestKind::Release,
         };
-        let in_flight = match self.in_flight {
-            Some(RequestKind::Rerelease) => Some(RequestKind::Release),
-            other => other,
-        };
         // Only a request that was handed out can be answered: the expiry above may
         // just have queued the loss's release under the next id, which no answer can
         // carry yet (taking one for it would keep that release from going out).
-        if in_flight != Some(kind) || id.0 != self.last_id || self.flags.get(Flags::ACTION_PENDING)
+        if self.in_flight != Some(kind)
+            || id.0 != self.last_id
+            || self.flags.get(Flags::ACTION_PENDING)
         {
             match response {
                 Response::Renew(outcome) => self.late_renewal(now, id, outcome, gate),
@@ -686,18 +658,11 @@ impl Lease {
     /// an answer is not copied.
     #[inline(never)]
     fn answered(&mut self, now: Instant, response: &Response, gate: &WriteGate) {
-        let kind = self.in_flight.take();
+        self.in_flight = None;
         self.flags.set(Flags::ACTION_PENDING, false);
         match response {
             Response::Acquire(outcome) => self.acquire_answered(now, outcome, gate),
             Response::Renew(outcome) => self.renew_answered(now, *outcome, gate),
-            Response::Release(_) if kind == Some(RequestKind::Rerelease) => {
-                // Done, unless another late grant of its term came in the meantime.
-                if !self.flags.get(Flags::RERELEASE_AGAIN) {
-                    self.rerelease = 0;
-                }
-                self.flags.set(Flags::RERELEASE_AGAIN, false);
-            }
             Response::Release(_) => self.release_answered(),
         }
         self.rerelease_if_free(now);
@@ -750,13 +715,6 @@ impl Lease {
                 ttl: self.granted,
             },
             RequestKind::Release => Action::Release { id, term },
-            RequestKind::Rerelease => Action::Release {
-                id,
-                term: Term(
-                    term.0
-                        .wrapping_sub(u32::from(self.rerelease.saturating_sub(1))),
-                ),
-            },
         })
     }
 
@@ -783,14 +741,14 @@ impl Lease {
             },
             EventKind::AcquireFailed(reason, over) => Event::AcquireFailed {
                 reason,
-                retry_at: if over { None } else { self.next_send_at() },
+                retry_at: if over { None } else { self.timer(Timer::Send) },
             },
             EventKind::Renewed => Event::Renewed {
                 deadline: self.deadline,
             },
             EventKind::RenewFailed(reason) => Event::RenewFailed {
                 reason,
-                retry_at: self.next_send_at(),
+                retry_at: self.timer(Timer::Send),
                 deadline: self.deadline,
                 writes_paused: self.flags.get(Flags::PAUSED),
             },
@@ -824,17 +782,15 @@ impl Lease {
             Timer::Request if self.in_flight.is_some() => {
                 self.sent_at.saturating_add(self.config.request_timeout())
             }
-            // A re-release in flight holds back a retry (the slot is taken).
-            Timer::Send if self.in_flight.is_none() => self.next_send,
-            Timer::Deadline | Timer::Request | Timer::Send => Instant::MAX,
+            Timer::Send => self.next_send,
+            Timer::Deadline | Timer::Request => Instant::MAX,
         }
     }
 
-    /// When the next acquire or renewal is sent, if one is scheduled: the send timer,
-    /// or, while a re-release holds it back, the instant it fires once the slot is
-    /// free.
-    fn next_send_at(&self) -> Option<Instant> {
-        (self.next_send != Instant::MAX).then_some(self.next_send)
+    /// When `timer` fires, `None` when it is not armed.
+    fn timer(&self, timer: Timer) -> Option<Instant> {
+        let at = self.timer_at(timer);
+        (at != Instant::MAX).then_some(at)
     }
 
     fn timer_due(&self, timer: Timer, now: Instant) -> bool {
@@ -883,11 +839,7 @@ impl Lease {
             self.flags.set(Flags::MAYBE_GRANTED, true);
         }
         self.sent_at = now;
-        // A re-release leaves a scheduled retry in place: it goes out once the
-        // re-release is answered or times out.
-        if kind != RequestKind::Rerelease {
-            self.next_send = Instant::MAX;
-        }
+        self.next_send = Instant::MAX;
     }
 
     /// Queues `event` for `poll_event`, counting the one it replaces if the driver
@@ -907,9 +859,6 @@ impl Lease {
             AcquireOutcome::Granted { fence, ttl } => {
                 self.fence = fence;
                 self.granted = ttl;
-                // A grant to this term's token proves every older term's grant ended
-                // before it (one holder per key): no re-release is needed any more.
-                self.rerelease = 0;
                 if !self.config.accepts_grant(ttl) {
                     // The gate never opens; the grant is ours, so free it for others.
                     self.give_up(now, AcquireFailure::GrantTooShort);
@@ -999,54 +948,37 @@ impl Lease {
         }
     }
 
-    /// A `Granted` answer to an acquire of this lease that is no longer awaited
-    /// (timed out, superseded by a release, or of an older term). The gate never
-    /// opens for it; but if its term has ended, the grant may be live at the service
-    /// under that term's token, blocking every contender until its TTL runs out, so
-    /// a release of that term is sent (now, or as soon as no request is in flight).
+    /// A `Granted` answer to an acquire of this term that is no longer awaited (its
+    /// answer came after the term ended: released — also while the release is in
+    /// flight, which the service may have handled first —, given up, or lost). The
+    /// gate never opens for it, but the grant may be live at the service under this
+    /// term's token, blocking every contender until its TTL runs out: a release of
+    /// the term goes out as soon as no request is in flight.
     ///
-    /// Nothing is done while the term is still acquiring (its next attempt, the same
-    /// token asking again, is granted the same fence) or held (the key is ours), nor
-    /// for an older term while the current one is held: one holder per key, so a
-    /// grant of the current term proves every older term's grant ended before it.
+    /// Only an acquire that was handed out counts (an id of this term up to its newest
+    /// acquire's). Nothing is done while the term is acquiring or held (the key is the
+    /// term's; its next attempt is granted the same fence), nor for an older term
+    /// (this lease no longer tracks its acquires; its grant expires by its TTL).
     fn late_grant(&mut self, now: Instant, id: RequestId) {
-        let (term, seq) = (term_of(id.0).0, id.0 as u32);
-        let current = self.term().0;
-        // Terms before the current one, or the current term's acquires that were
-        // handed out (ids up to its newest acquire's, that one once polled). An older
-        // term's sequence is not kept: any id of it counts.
-        let back = current.wrapping_sub(term);
-        let issued = term != 0
-            && seq != 0
-            && if back == 0 {
-                seq <= self.acquire_seq
-                    && !(id.0 == self.last_id && self.flags.get(Flags::ACTION_PENDING))
-            } else {
-                term < current
-            };
-        let ended = match self.state {
-            State::Released | State::NotAcquired(_) | State::Lost(_) | State::Releasing => true,
-            State::Idle | State::Acquiring | State::Holding | State::RenewPending => false,
-        };
-        let needed = if back == 0 { ended } else { !self.is_held() };
-        let Some(rerelease) = u8::try_from(back).ok().and_then(|b| b.checked_add(1)) else {
-            return;
-        };
-        if !(issued && needed) {
-            return;
+        let seq = id.0 as u32;
+        // (An id not handed out yet is no acquire's once the term has ended: the one
+        // pending is a release, after every acquire of the term.)
+        let issued = term_of(id.0) == self.term() && seq != 0 && seq <= self.acquire_seq;
+        let ended = matches!(
+            self.state,
+            State::Released | State::NotAcquired(_) | State::Lost(_) | State::Releasing
+        );
+        if issued && ended {
+            self.flags.set(Flags::RERELEASE, true);
+            self.rerelease_if_free(now);
         }
-        if self.in_flight == Some(RequestKind::Rerelease) {
-            self.flags.set(Flags::RERELEASE_AGAIN, true);
-        }
-        self.rerelease = rerelease;
-        self.rerelease_if_free(now);
     }
 
-    /// Sends the pending re-release if no request is in flight and the current term
-    /// is not held (a held term's grant made it moot; it was dropped then).
+    /// Sends the release a late grant asked for, once no request is in flight.
     fn rerelease_if_free(&mut self, now: Instant) {
-        if self.rerelease != 0 && self.in_flight.is_none() && !self.is_held() {
-            self.send(RequestKind::Rerelease, now);
+        if self.flags.get(Flags::RERELEASE) && self.in_flight.is_none() {
+            self.flags.set(Flags::RERELEASE, false);
+            self.send(RequestKind::Release, now);
         }
     }
 
@@ -1110,7 +1042,6 @@ impl Lease {
         if release {
             self.send(RequestKind::Release, now);
         }
-        self.rerelease_if_free(now);
         self.emit(event);
     }
 
@@ -1173,16 +1104,16 @@ impl Lease {
 /// state).
 const FALLBACK_JITTER_SEED: u32 = 0x9e37_79b9;
 
-/// The retry jitter's seed for `owner`: its four little-endian words, each xor-ed in
-/// and mixed by murmur3's finaliser (a bijection), so owners that differ in a single
-/// word (a serial number's last digits) always get different seeds, and any two
-/// owners collide with a chance of about 2^-32. Never zero.
+/// The retry jitter's seed for `owner`: its four little-endian words xor-ed together,
+/// so owners that differ in a single word (a serial number's last digits) always get
+/// different seeds (each draw mixes the xorshift state with murmur3's finaliser, so
+/// seeds close together spread out at once). Never zero.
 const fn jitter_seed(owner: Owner) -> u32 {
     let [a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3] = owner.0;
-    let mut h = fmix32(u32::from_le_bytes([a0, a1, a2, a3]));
-    h = fmix32(h ^ u32::from_le_bytes([b0, b1, b2, b3]));
-    h = fmix32(h ^ u32::from_le_bytes([c0, c1, c2, c3]));
-    h = fmix32(h ^ u32::from_le_bytes([d0, d1, d2, d3]));
+    let h = u32::from_le_bytes([a0, a1, a2, a3])
+        ^ u32::from_le_bytes([b0, b1, b2, b3])
+        ^ u32::from_le_bytes([c0, c1, c2, c3])
+        ^ u32::from_le_bytes([d0, d1, d2, d3]);
     if h == 0 {
         FALLBACK_JITTER_SEED
     } else {

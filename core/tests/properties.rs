@@ -14,8 +14,8 @@
 //!   deadline reached expires the lease), and a late renewal answer of the held term
 //!   that proves the grant gone or shortened (`NotOwner`, `Refused`, a TTL below the
 //!   granted one), which must end the term with that reason, and a late grant to an
-//!   acquire of a term that has ended, which changes nothing but sends a release of
-//!   that term once no request is in flight;
+//!   acquire of the current term after it ended, which changes nothing but sends a
+//!   release of the term once no request is in flight;
 //! * an acquire ends as `NotAcquired` only with `AcquireFailed { retry_at: None }`, and
 //!   a grant the config cannot hold (`GrantTooShort`) never opens the gate;
 //! * each call yields at most one action and one event; `handle_timeout` twice at the
@@ -521,9 +521,8 @@ fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
         let stale_before = h.lease.stats().stale_responses;
         let response = h.response_of(op);
         let newest = h.ids.last().copied().unwrap_or(RequestId(0));
-        // A grant to an acquire of a term that has ended: one of the current term's
-        // acquires (ids up to its newest), or any id of an older term (the lease keeps
-        // no older sequences) unless the current term is held.
+        // A grant to an acquire of the current term (ids up to its newest) after the
+        // term ended.
         let late_grant = match response {
             Some((id, Response::Acquire(AcquireOutcome::Granted { .. }))) => {
                 let (term, seq, current) = ((id.0 >> 32) as u32, id.0 as u32, before.term.0);
@@ -531,9 +530,7 @@ fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
                     before.state,
                     State::Released | State::NotAcquired(_) | State::Lost(_) | State::Releasing
                 );
-                let this_term = term == current && seq != 0 && id <= h.last_acquire;
-                let older = term != 0 && seq != 0 && term < current && current - term < 255;
-                ((this_term && ended) || (older && before.fence.is_none())).then_some(term)
+                (term == current && seq != 0 && id <= h.last_acquire && ended).then_some(term)
             }
             _ => None,
         };

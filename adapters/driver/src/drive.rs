@@ -81,17 +81,9 @@ enum Wake {
 /// * `report` sees every [`Event`] in order, right after the step that made it, and
 ///   the holder named by each "held by another" answer.
 ///
-/// Every renewal and release is bounded by the lease's request timeout: when the lease
-/// gives up on one, its future is dropped. An acquire's future is kept after the lease
-/// stops awaiting it (timed out, superseded by the user's release, the term over) until
-/// it resolves, a newer acquire replaces it, or one configured TTL has passed since it
-/// was sent: a grant it earns late is fed to the lease, which releases it again
-/// ([`Lease::handle_response`], rule 6) instead of leaving the key held by this term's
-/// token for a TTL. That costs one extra slot (the newest acquire's future beside the
-/// request in flight). The best-effort release after a loss, and a kept acquire, are
-/// driven to their end before this returns (a kept acquire for at most the TTL bound,
-/// which only a call the service never answers reaches), but they never delay the gate
-/// or the events: a term's end is reported when the lease decides it.
+/// Every request is bounded by the lease's request timeout: when the lease gives up
+/// on one, its future is dropped. The best-effort release after a loss is driven to
+/// its answer or timeout before this returns, but it never delays the gate.
 ///
 /// Fails only if `lease` is in the middle of a term already.
 pub async fn run_term<S, C, R, F>(
@@ -118,17 +110,11 @@ where
     lease.acquire_until(clock.now(), give_up_at, gate)?;
 
     let mut release = pin!(Some(release));
-    // The lease has at most one request in flight (a new one supersedes the old). A
-    // renewal or release is in `request`; an acquire has a slot of its own, where the
-    // newest acquire stays after the lease stopped awaiting it (see above) until it
-    // resolves, a newer acquire replaces it, or `keep_until` (one TTL after its send)
-    // passes. Two slots, not more: a driver runs per lease, and its size is most of a
-    // lease's memory.
+    // The lease has at most one request in flight (a new one supersedes the old), so
+    // one slot holds it, whatever its kind: a driver runs per lease, and its size is
+    // most of a lease's memory.
     let mut request = pin!(None);
     let mut request_id = None;
-    let mut acquiring = pin!(None);
-    let mut acquire_id = None;
-    let mut keep_until = Instant::ZERO;
     let mut watching = pin!(None);
     let mut watched = None;
     // The sleep until the lease's next deadline, kept across passes while the deadline
@@ -140,24 +126,23 @@ where
     loop {
         while let Some(action) = lease.poll_action() {
             let io = match action {
-                Action::Acquire { id, term, ttl } => {
-                    acquiring.set(Some(service.acquire(key, owner.token(term), identity, ttl)));
-                    acquire_id = Some(id);
-                    keep_until = lease.latest_instant().saturating_add(lease.config().ttl());
-                    continue;
-                }
+                Action::Acquire { term, ttl, .. } => Either::Left(
+                    service
+                        .acquire(key, owner.token(term), identity, ttl)
+                        .map(Response::Acquire),
+                ),
                 Action::Renew {
                     term, fence, ttl, ..
-                } => Either::Left(
+                } => Either::Right(Either::Left(
                     service
                         .renew(key, owner.token(term), fence, ttl)
                         .map(Response::Renew),
-                ),
-                Action::Release { term, .. } => Either::Right(
+                )),
+                Action::Release { term, .. } => Either::Right(Either::Right(
                     service
                         .release(key, owner.token(term))
                         .map(Response::Release),
-                ),
+                )),
             };
             request.set(Some(io));
             request_id = Some(action.id());
@@ -166,18 +151,11 @@ where
             report(Report::Event(event));
         }
 
-        // Drop the I/O of a request the lease no longer waits for; an acquire's only
-        // once it is past its bound (`latest_instant` is the newest `now` fed in).
+        // Drop the I/O of a request the lease no longer waits for.
         if request_id.is_some_and(|id| !lease.is_awaiting(id)) {
             request_id = None;
             request.set(None);
         }
-        let kept = acquire_id.is_some_and(|id| !lease.is_awaiting(id));
-        if kept && lease.latest_instant() >= keep_until {
-            acquire_id = None;
-            acquiring.set(None);
-        }
-        let kept = kept && acquire_id.is_some();
 
         // Watch for revocation of exactly the grant we hold.
         let held = lease.fence();
@@ -186,20 +164,16 @@ where
             watched = held;
         }
 
-        let idle = request_id.is_none() && acquire_id.is_none();
         match lease.state() {
-            State::Lost(reason) if idle => return Ok(TermEnd::Lost(reason)),
-            State::Released if idle => return Ok(TermEnd::Released),
-            State::NotAcquired(why) if idle => return Ok(TermEnd::NotAcquired(why)),
+            State::Lost(reason) if request_id.is_none() => return Ok(TermEnd::Lost(reason)),
+            State::Released if request_id.is_none() => return Ok(TermEnd::Released),
+            State::NotAcquired(why) if request_id.is_none() => {
+                return Ok(TermEnd::NotAcquired(why))
+            }
             _ => {}
         }
 
-        let timeout = match (lease.poll_timeout(), kept) {
-            (Some(at), true) => Some(at.min(keep_until)),
-            (None, true) => Some(keep_until),
-            (at, false) => at,
-        };
-        match timeout {
+        match lease.poll_timeout() {
             Some(at) if sleep.is_none() || at != sleeping_until => {
                 sleep.set(Some(clock.sleep_until(at)));
                 sleeping_until = at;
@@ -213,15 +187,8 @@ where
             }
             if let Some(answer) = poll_slot(&mut request, cx) {
                 return Poll::Ready(
-                    request_id
-                        .take()
-                        .map_or(Wake::Timer, |id| Wake::Answered(id, answer)),
+                    request_id.map_or(Wake::Timer, |id| Wake::Answered(id, answer)),
                 );
-            }
-            if let Some(answer) = poll_slot(&mut acquiring, cx) {
-                return Poll::Ready(acquire_id.take().map_or(Wake::Timer, |id| {
-                    Wake::Answered(id, Response::Acquire(answer))
-                }));
             }
             if let Some(()) = poll_slot(&mut watching, cx) {
                 return Poll::Ready(watched.map_or(Wake::Timer, Wake::Revoked));
@@ -238,12 +205,9 @@ where
         // lease counts stale answers in its stats.
         match wake {
             Wake::Answered(id, response) => {
-                // Who holds the key, for an attempt the lease still waits for (a late
-                // answer's holder may be long gone).
+                request_id = None;
                 if let Response::Acquire(AcquireOutcome::HeldByAnother(holder)) = response {
-                    if lease.is_awaiting(id) {
-                        report(Report::HeldBy(holder));
-                    }
+                    report(Report::HeldBy(holder));
                 }
                 let _ = lease.handle_response(now, id, response, gate);
             }

@@ -70,46 +70,47 @@ macro_rules! lock_value_pattern {
 /// holds a value leasehold did not write), `LEASEHOLD_EXHAUSTED` (the counter is at
 /// 2^63 - 1, where `INCR` stops).
 pub const ACQUIRE: &str = concat!(
-    r"local v=redis.call('GET',KEYS[1])
+    r"local R,M=redis.call,string.match
+local v=R('GET',KEYS[1])
 if v then
-local t,f,i=string.match(v,",
+local t,f,i=M(v,",
     lock_value_pattern!(),
     r")
 if not t then
-return redis.error_reply('LEASEHOLD not a lease value')
+return {err='LEASEHOLD not a lease value'}
 end
 if t==ARGV[1] then
-redis.call('PEXPIRE',KEYS[1],ARGV[2])
+R('PEXPIRE',KEYS[1],ARGV[2])
 return {2,f}
 end
-return {0,f,i,redis.call('PTTL',KEYS[1])}
+return {0,f,i,R('PTTL',KEYS[1])}
 end
-local c=redis.call('GET',KEYS[2])
-if c and c~='0' and not string.match(c,'^[1-9]%d*$') then
-return redis.error_reply('LEASEHOLD bad fence counter')
+local c=R('GET',KEYS[2])
+if c and c~='0' and not M(c,'^[1-9]%d*$') then
+return {err='LEASEHOLD bad fence counter'}
 end
-local t=redis.call('TIME')
+local t=R('TIME')
 local n=t[1]*1000+math.floor(t[2]/1000)
-local r=string.match(redis.call('INFO','server'),'run_id:(%x+)') or ''
-local e=redis.call('GET',KEYS[3])
-local q=e and string.match(e,'^'..r..' (%d+)$')
+local r=M(R('INFO','server'),'run_id:(%x+)') or ''
+local e=R('GET',KEYS[3])
+local q=e and M(e,'^'..r..' (%d+)$')
 if not q then
 q=n+ARGV[4]
-redis.call('SET',KEYS[3],r..' '..q)
+R('SET',KEYS[3],r..' '..q)
 end
 if q-n>0 then
 return {3,q-n}
 end
 local m=t[1]..string.sub('00000'..t[2],-6)
 if not c or #c<#m or (#c==#m and c<m) then
-redis.call('SET',KEYS[2],m)
+R('SET',KEYS[2],m)
 elseif #c>19 or (#c==19 and c>='9223372036854775807') then
-return redis.error_reply('LEASEHOLD_EXHAUSTED fence counter at 2^63-1')
+return {err='LEASEHOLD_EXHAUSTED fence counter at 2^63-1'}
 else
-redis.call('INCR',KEYS[2])
+R('INCR',KEYS[2])
 end
-local f=redis.call('GET',KEYS[2])
-redis.call('SET',KEYS[1],ARGV[1]..'\n'..f..'\n'..ARGV[3],'PX',ARGV[2])
+local f=R('GET',KEYS[2])
+R('SET',KEYS[1],ARGV[1]..'\n'..f..'\n'..ARGV[3],'PX',ARGV[2])
 return {1,f}"
 );
 
@@ -159,7 +160,7 @@ local t,f,i=string.match(v,",
     lock_value_pattern!(),
     r")
 if not t then
-return redis.error_reply('LEASEHOLD not a lease value')
+return {err='LEASEHOLD not a lease value'}
 end
 return {1,f,i,redis.call('PTTL',KEYS[1])}"
 );
@@ -232,13 +233,13 @@ pub(crate) const RELEASE_PAIR: Script = (RELEASE, RELEASE_SHA);
 pub(crate) const HOLDER_PAIR: Script = (HOLDER, HOLDER_SHA);
 
 /// SHA1 of [`ACQUIRE`], lowercase hex: what `EVALSHA` names it by.
-pub const ACQUIRE_SHA: &str = "8ad08fb030cb76f441fb1ba3991b7aca1040aa38";
+pub const ACQUIRE_SHA: &str = "c4fb2f2c5c310b0aced964166eb30636c1cb0bf7";
 /// SHA1 of [`RENEW`].
 pub const RENEW_SHA: &str = "50643318fe78c93e1b31fd505c872444956857d2";
 /// SHA1 of [`RELEASE`].
 pub const RELEASE_SHA: &str = "66900672967693bebb44013a62adfe6af188f83b";
 /// SHA1 of [`HOLDER`].
-pub const HOLDER_SHA: &str = "11d817a23653acb35b5d7a99b7b080d065ed46c3";
+pub const HOLDER_SHA: &str = "9b09ee8c626a6a55053577a27045e32b6a7ca042";
 /// SHA1 of [`RAISE_FENCE`].
 pub const RAISE_FENCE_SHA: &str = "0b0aa065ef72ede5bc6c2c7c39824e8078d61a8c";
 /// SHA1 of [`FENCED_WRITE`].

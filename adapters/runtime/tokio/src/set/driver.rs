@@ -3,12 +3,10 @@
 //!
 //! Each lease goes through the same steps as in the shared loop (`run_term` of
 //! `leasehold-driver`), in the same order: drain the core's actions (one request in
-//! flight; a new one supersedes the old) and events, drop the I/O of a renewal or
-//! release the core no longer awaits (an acquire's is kept until it resolves, a newer
-//! acquire replaces it, or one TTL after its send, so that a late grant reaches the
-//! core, which releases it again), watch for revocation of exactly the grant held, end
-//! the term once it is over and nothing is in flight or kept; then feed back whichever
-//! input is ready, release first, then the answer, then a revocation. Only the waiting differs: the
+//! flight; a new one supersedes the old) and events, drop the I/O of a request the
+//! core no longer awaits, watch for revocation of exactly the grant held, end the term
+//! once it is over and nothing is in flight; then feed back whichever input is ready,
+//! release first, then the answer, then a revocation. Only the waiting differs: the
 //! core's next deadline goes into one queue of deadlines (a radix heap) for the whole driver instead of a
 //! runtime timer per lease, and the lease's futures are polled when they wake it
 //! ([`LeaseWake`]) rather than by a task of their own.
@@ -126,41 +124,27 @@ impl Slots {
     }
 }
 
-/// The newest acquire of a lease, kept after the core stopped awaiting it until it
-/// resolves or `until` (one TTL after its send) passes. Boxed: a slot pays 8 bytes for
-/// it, and an acquire one more allocation.
-struct Acquire {
-    id: RequestId,
-    until: Instant,
-    io: BoxFuture<Response>,
-}
-
 /// One lease of the driver.
 struct Entry {
     lease: Lease,
     shared: Arc<Shared>,
     wake: Arc<LeaseWake>,
-    /// The renewal or release in flight, and its id.
+    /// The one request in flight, and its id.
     request: Option<(RequestId, BoxFuture<Response>)>,
-    /// The newest acquire, in flight or kept.
-    acquire: Option<Box<Acquire>>,
     /// The revocation watch of the grant held: its fence, and the watch until it fires.
     watch: Option<(Fence, Option<BoxFuture<()>>)>,
     /// The release request was fed to the core (it is fed once).
     release_seen: bool,
-    /// The deadline last pushed to the timers for this lease; `Instant::MAX` for none
-    /// (not an `Option`: 8 bytes of the slot, which the kept acquire took).
-    due: Instant,
+    /// The deadline last pushed to the timers for this lease.
+    due: Option<Instant>,
     /// Counted in the driver's acquires in flight.
     counted: bool,
 }
 
 impl Entry {
-    /// An acquire request is in flight (the core awaits it).
+    /// An acquire request is in flight: while acquiring, the only request is one.
     fn acquiring(&self) -> bool {
-        self.acquire
-            .as_ref()
-            .is_some_and(|a| self.lease.is_awaiting(a.id))
+        self.request.is_some() && matches!(self.lease.state(), State::Acquiring)
     }
 }
 
@@ -213,10 +197,9 @@ impl<S: LockService + 'static> Driver<S> {
             wake: Arc::new(LeaseWake::new(slot, Arc::clone(&self.inbox))),
             shared,
             request: None,
-            acquire: None,
             watch: None,
             release_seen: false,
-            due: Instant::MAX,
+            due: None,
             counted: false,
         };
         self.slots.put(slot, entry);
@@ -260,7 +243,7 @@ impl<S: LockService + 'static> Driver<S> {
             let Some(entry) = self.slots.get_mut(slot) else {
                 continue;
             };
-            if entry.due != at {
+            if entry.due != Some(at) {
                 continue; // stale: the lease moved on
             }
             budget -= 1;
@@ -274,7 +257,7 @@ impl<S: LockService + 'static> Driver<S> {
             };
             let now = entry.shared.clock().now();
             if entry.lease.poll_timeout().is_some_and(|next| next <= now) {
-                entry.due = Instant::MAX;
+                entry.due = None;
                 entry.lease.handle_timeout(now, &entry.shared.gate);
                 self.step(slot);
             }
@@ -363,7 +346,6 @@ fn step<S: LockService + 'static>(
         lease,
         shared,
         request,
-        acquire,
         watch,
         release_seen,
         due,
@@ -372,17 +354,7 @@ fn step<S: LockService + 'static>(
     let gate = &shared.gate;
     loop {
         while let Some(action) = lease.poll_action() {
-            let io = send(service, shared, action);
-            if matches!(action, Action::Acquire { .. }) {
-                let until = lease.latest_instant().saturating_add(lease.config().ttl());
-                *acquire = Some(Box::new(Acquire {
-                    id: action.id(),
-                    until,
-                    io,
-                }));
-            } else {
-                *request = Some((action.id(), io));
-            }
+            *request = Some((action.id(), send(service, shared, action)));
         }
         let mut at = None;
         while let Some(event) = lease.poll_event() {
@@ -396,22 +368,12 @@ fn step<S: LockService + 'static>(
         {
             *request = None;
         }
-        // An acquire it no longer waits for is kept until its bound.
-        let kept = acquire
-            .as_ref()
-            .filter(|a| !lease.is_awaiting(a.id))
-            .map(|a| a.until);
-        if kept.is_some_and(|until| shared.clock().now() >= until) {
-            *acquire = None;
-        }
-        let kept = kept.filter(|_| acquire.is_some());
         // Watch for revocation of exactly the grant held.
         let held = lease.fence();
         if held != watch.as_ref().map(|(fence, _)| *fence) {
             *watch = held.map(|fence| (fence, Some(revoked(service, shared, lease, fence))));
         }
         if request.is_none()
-            && acquire.is_none()
             && matches!(
                 lease.state(),
                 State::Lost(_) | State::Released | State::NotAcquired(_)
@@ -419,13 +381,9 @@ fn step<S: LockService + 'static>(
         {
             return Step::Ended;
         }
-        let next = match (lease.poll_timeout(), kept) {
-            (Some(at), Some(until)) => Some(at.min(until)),
-            (at, until) => at.or(until),
-        };
-        // `Instant::MAX` is "none": the core never arms a timer there.
-        if next.unwrap_or(Instant::MAX) != *due {
-            *due = next.unwrap_or(Instant::MAX);
+        let next = lease.poll_timeout();
+        if next != *due {
+            *due = next;
             if let Some(at) = next {
                 timers.push(at, slot);
             }
@@ -441,23 +399,10 @@ fn step<S: LockService + 'static>(
             if let Poll::Ready(response) = io.as_mut().poll(&mut cx) {
                 let id = *id;
                 *request = None;
-                // A stale answer changes nothing; the core counts it.
-                let _ = lease.handle_response(shared.clock().now(), id, response, gate);
-                continue;
-            }
-        }
-        if let Some(kept) = acquire {
-            if let Poll::Ready(response) = kept.io.as_mut().poll(&mut cx) {
-                let id = kept.id;
-                *acquire = None;
-                // Who holds the key, for an attempt the core still waits for.
                 if let Response::Acquire(AcquireOutcome::HeldByAnother(holder)) = response {
-                    if lease.is_awaiting(id) {
-                        shared.publish(Report::HeldBy(holder), tokio::time::Instant::now());
-                    }
+                    shared.publish(Report::HeldBy(holder), tokio::time::Instant::now());
                 }
-                // A late grant is released again by the core; other late answers
-                // change nothing.
+                // A stale answer changes nothing; the core counts it.
                 let _ = lease.handle_response(shared.clock().now(), id, response, gate);
                 continue;
             }

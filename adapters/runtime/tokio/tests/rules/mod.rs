@@ -10,13 +10,12 @@
 use std::sync::{Arc, Mutex};
 
 use crate::common::{config, lease_us, ms, poll_once, within, Kind, Recording, Timeline};
-use crate::shape::{acquire, acquire_with, try_acquire};
+use crate::shape::{acquire, try_acquire};
 use leasehold::{
     Budget, Config, Duration, Event, Fence, FenceGate, GateError, Indeterminate, LossReason,
     StaleFence,
 };
-use leasehold_tokio::memory::Scope;
-use leasehold_tokio::{AcquireOptions, CheckError, LeaseEnd, LeaseHandle, LeaseState};
+use leasehold_tokio::{CheckError, LeaseEnd, LeaseHandle, LeaseState};
 
 const KEY: &str = "orders";
 
@@ -333,46 +332,6 @@ async fn a_release_that_hangs_stops_writes_at_once_and_still_ends_released() {
         service.grant(KEY).is_some(),
         "the stalled release never arrived"
     );
-}
-
-/// An acquire is slow on the wire (400 ms there and back); the caller gives up after
-/// 30 ms, and the release, sent without delay, overtakes it and finds nothing. The
-/// service then grants the acquire (at 200 ms) to the released term's token. Its answer
-/// comes at 400 ms to the driver, which kept the acquire's I/O, and the core releases
-/// the key again: it is free then, not held until the grant's TTL runs out at 1,100 ms.
-///
-/// The in-memory service carries a request out only while its future is polled, so a
-/// loop that drops the acquire withdraws it (no grant at all, unlike a network, where a
-/// request sent stays sent: `leasehold-driver`'s test of the same name shows that key
-/// left held by the old loop).
-#[tokio::test(start_paused = true)]
-async fn a_grant_that_arrives_after_the_release_is_released_again() {
-    let timeline = Timeline::start();
-    let service = Recording::new();
-    let owner = leasehold::Owner(*b"slow acquirer #1");
-    service.set_latency(Scope::All, ms(400));
-    let acquiring = acquire_with(
-        service.clone(),
-        KEY,
-        config(900),
-        AcquireOptions::new().owner(owner),
-    );
-    let waiting = tokio::spawn(tokio::time::timeout(ms(30), acquiring));
-    timeline.until(10).await;
-    service.set_latency(Scope::All, ms(0));
-    assert!(waiting.await.unwrap().is_err(), "given up at 30 ms");
-    timeline.until(250).await;
-    let late = service
-        .grant(KEY)
-        .expect("the slow acquire was granted at 200 ms");
-    assert_eq!(late.token, owner.token(leasehold::Term(1)));
-    timeline.until(450).await;
-    assert_eq!(
-        service.sent_ms(&timeline, late.token, Kind::Release),
-        [30, 400],
-        "released again when the late grant arrived"
-    );
-    assert!(service.grant(KEY).is_none(), "the key is free");
 }
 
 // ----- rule 7: fail-closed -----
