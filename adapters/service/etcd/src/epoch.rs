@@ -97,7 +97,8 @@ impl Marker {
 pub(crate) struct Memory {
     /// The highest revision a linearizable answer carried.
     revision: AtomicI64,
-    /// A rollback was seen and no quarantine was started for it yet.
+    /// A rollback was seen and no quarantine has been written for it yet: no grant
+    /// until one is.
     rolled_back: AtomicBool,
 }
 
@@ -123,14 +124,14 @@ impl Memory {
         false
     }
 
-    /// Whether a rollback was seen and not yet answered with a quarantine; clears it.
-    pub(crate) fn take_rollback(&self) -> bool {
-        self.rolled_back.swap(false, Ordering::AcqRel)
+    /// Whether a rollback was seen and no quarantine written for it yet.
+    pub(crate) fn rolled_back(&self) -> bool {
+        self.rolled_back.load(Ordering::Acquire)
     }
 
-    /// Puts back a rollback whose quarantine could not be started.
-    pub(crate) fn keep_rollback(&self) {
-        self.rolled_back.store(true, Ordering::Release);
+    /// A quarantine stands at etcd now (written, or found): the rollback is answered.
+    pub(crate) fn quarantined(&self) {
+        self.rolled_back.store(false, Ordering::Release);
     }
 }
 
@@ -211,10 +212,12 @@ mod tests {
         // request was sent counts.
         assert!(!memory.observe(Some(&header(1, 2, 90)), 0));
         assert!(!memory.observe(Some(&header(1, 2, 100)), before));
-        assert!(!memory.take_rollback());
+        assert!(!memory.rolled_back());
         assert!(memory.observe(Some(&header(1, 2, 40)), before));
-        assert!(memory.take_rollback());
-        assert!(!memory.take_rollback());
+        assert!(memory.rolled_back(), "until a quarantine is written");
+        assert!(memory.rolled_back());
+        memory.quarantined();
+        assert!(!memory.rolled_back());
         assert_eq!(memory.before(), 40, "the restored history is the one kept");
         assert!(!memory.observe(None, 1_000));
     }

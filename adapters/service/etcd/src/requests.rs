@@ -102,6 +102,7 @@ impl EtcdLockService {
             .ok_or_else(|| self.protocol(Op::Read, key, "a read without a header"))?;
         let marker = self.range_kv(Op::Read, key, &read, 2)?;
         if let Some(kv) = self.range_kv(Op::Read, key, &read, 3)? {
+            self.shared.memory.quarantined();
             return Ok(Acquired::Quarantined {
                 remaining: self.quarantine_left(key, kv.lease).await,
             });
@@ -115,7 +116,7 @@ impl EtcdLockService {
         let lost = lost.or_else(|| {
             self.shared
                 .memory
-                .take_rollback()
+                .rolled_back()
                 .then_some("this client saw etcd's revision go back")
         });
         if let Some(why) = lost {
@@ -256,8 +257,7 @@ impl EtcdLockService {
                 key,
                 |mut c| async move { c.lease_grant(secs, None).await },
             )
-            .await
-            .inspect_err(|_| self.shared.memory.keep_rollback())?;
+            .await?;
         let lease = grant.id();
         let granted = self.reported_ttl(op, key, grant.ttl())?;
         let quarantine_key = &*self.shared.quarantine_key;
@@ -276,11 +276,9 @@ impl EtcdLockService {
                 TxnOp::put(&*self.shared.marker_key, now.encode(), None),
             ])
             .or_else([TxnOp::get(quarantine_key, None)]);
-        let answer = self
-            .txn(op, key, txn)
-            .await
-            .inspect_err(|_| self.shared.memory.keep_rollback())?
-            .0;
+        let answer = self.txn(op, key, txn).await?.0;
+        // A quarantine stands now, this one or another client's.
+        self.shared.memory.quarantined();
         if answer.succeeded {
             return Ok(granted);
         }
@@ -305,7 +303,6 @@ impl EtcdLockService {
             let answer = match service.get(Op::Quarantine, key).await {
                 Ok(answer) => answer,
                 Err(err) => {
-                    service.shared.memory.keep_rollback();
                     tracing::debug!(error = %err, "starting the quarantine failed; the next acquire does");
                     return;
                 }
@@ -313,7 +310,6 @@ impl EtcdLockService {
             let Some(now) = answer.0.header.as_ref().map(Marker::of) else {
                 return;
             };
-            service.shared.memory.take_rollback();
             if let Err(err) = service.start_quarantine(key, now).await {
                 tracing::debug!(error = %err, "starting the quarantine failed; the next acquire does");
             }

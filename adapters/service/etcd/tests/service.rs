@@ -944,6 +944,11 @@ async fn auth_refusals_are_final() {
         .unwrap();
     admin.user_add("locker", "pw", None).await.unwrap();
     admin.user_grant_role("locker", "locker").await.unwrap();
+    // The data set's epoch marker under the prefix the role covers (a new data set).
+    admin
+        .put("locks/{leasehold}epoch", "0 0", None)
+        .await
+        .unwrap();
     admin.auth_enable().await.unwrap();
     let endpoint = cluster.endpoint(0);
 
@@ -990,8 +995,10 @@ async fn auth_refusals_are_final() {
 
     // Read and write on the keys is all a user needs: acquire, holder, renew and
     // release (whose lease revoke needs write on the lease's keys) all go through.
+    // With its epoch marker under the prefix too (see `Builder::epoch_prefix`).
     let locker = EtcdLockService::builder([endpoint])
         .user("locker", "pw")
+        .epoch_prefix("locks/")
         .connect()
         .await
         .expect("locker");
