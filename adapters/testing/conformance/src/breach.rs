@@ -177,13 +177,40 @@ impl<S: LocalLockService> LocalLockService for EarlyExpiry<'_, S> {
     }
 }
 
-/// Runs each timing clause against `s` made to break it — [`the_ttl_is_hard`] against
-/// grants that apply less than they report (with `grants`),
-/// [`a_renewal_holds_for_the_ttl_it_reports`] against renewals that report more than
-/// they apply (with `renewals`) — at the same time, and panics unless each clause
-/// fails at its wait for the TTL (its contender a tolerance before the end is
-/// granted). A whole-second service needs a longer TTL in `grants` to apply less of
-/// it ([`EarlyExpiry::short_ttl`] panics otherwise).
+/// Runs [`the_ttl_is_hard`] against `s` made to grant less than it reports
+/// ([`Breach::ShortGrants`]) and panics unless the clause fails at its wait for the
+/// TTL (its contender a tolerance before the end is granted). A whole-second service
+/// needs a longer TTL in `caps` to apply less of it ([`EarlyExpiry::short_ttl`]
+/// panics otherwise).
+///
+/// # Panics
+///
+/// When the breach is not caught, or caught by another check than the wait.
+pub async fn short_grants_are_caught<S: LocalLockService>(s: &S, caps: &Capabilities) {
+    let short = EarlyExpiry::new(s, Breach::ShortGrants, caps);
+    let verdict = the_ttl_is_hard(&short, caps).await;
+    caught_at_the_wait(verdict, "the_ttl_is_hard", Breach::ShortGrants);
+}
+
+/// Runs [`a_renewal_holds_for_the_ttl_it_reports`] against `s` made to report more
+/// than its renewals apply ([`Breach::OverstatedRenewals`]) and panics unless the
+/// clause fails at its wait for the TTL.
+///
+/// # Panics
+///
+/// When the breach is not caught, or caught by another check than the wait.
+pub async fn overstated_renewals_are_caught<S: LocalLockService>(s: &S, caps: &Capabilities) {
+    let overstated = EarlyExpiry::new(s, Breach::OverstatedRenewals, caps);
+    let verdict = a_renewal_holds_for_the_ttl_it_reports(&overstated, caps).await;
+    caught_at_the_wait(
+        verdict,
+        "a_renewal_holds_for_the_ttl_it_reports",
+        Breach::OverstatedRenewals,
+    );
+}
+
+/// [`short_grants_are_caught`] with `grants`, then [`overstated_renewals_are_caught`]
+/// with `renewals` (one after the other: a service may take one request at a time).
 ///
 /// # Panics
 ///
@@ -193,22 +220,8 @@ pub async fn the_timing_clauses_catch_early_expiry<S: LocalLockService>(
     grants: &Capabilities,
     renewals: &Capabilities,
 ) {
-    let short = EarlyExpiry::new(s, Breach::ShortGrants, grants);
-    let overstated = EarlyExpiry::new(s, Breach::OverstatedRenewals, renewals);
-    let (grant, renewal) = tokio::join!(
-        the_ttl_is_hard(&short, grants),
-        a_renewal_holds_for_the_ttl_it_reports(&overstated, renewals)
-    );
-    for (verdict, clause, breach) in [
-        (grant, "the_ttl_is_hard", Breach::ShortGrants),
-        (
-            renewal,
-            "a_renewal_holds_for_the_ttl_it_reports",
-            Breach::OverstatedRenewals,
-        ),
-    ] {
-        caught_at_the_wait(verdict, clause, breach);
-    }
+    short_grants_are_caught(s, grants).await;
+    overstated_renewals_are_caught(s, renewals).await;
 }
 
 fn caught_at_the_wait(verdict: Verdict, clause: &str, breach: Breach) {
