@@ -145,6 +145,16 @@ async fn ten_thousand_leases_ride_out_a_failover_and_a_slot_migration() {
             }
         }
     }
+    let healthy_ended: Vec<_> = (0..LEASES)
+        .filter(|&i| primaries[i] != victim)
+        .filter_map(|i| leases[i].end().map(|end| (&names[i], end)))
+        .collect();
+    assert!(
+        healthy_ended.is_empty(),
+        "{} leases on healthy primaries ended, e.g. {:?}",
+        healthy_ended.len(),
+        &healthy_ended[..healthy_ended.len().min(5)]
+    );
     // Every sampled key changes hands: the leases that ended were given up by the
     // failover, the ones that survived are released now. Each contender must get its
     // key (within its 60 s bound), with a newer fence, while the old holder's gate
@@ -176,16 +186,6 @@ async fn ten_thousand_leases_ride_out_a_failover_and_a_slot_migration() {
         next.release().await;
     }
     assert_eq!(taken, sampled, "every contender took its key");
-    let healthy_ended: Vec<_> = (0..LEASES)
-        .filter(|&i| primaries[i] != victim)
-        .filter_map(|i| leases[i].end().map(|end| (&names[i], end)))
-        .collect();
-    assert!(
-        healthy_ended.is_empty(),
-        "{} leases on healthy primaries ended, e.g. {:?}",
-        healthy_ended.len(),
-        &healthy_ended[..healthy_ended.len().min(5)]
-    );
     println!(
         "failover: {} of the dead primary's {} leases ended safely, the rest survived; \
          contenders took all {taken} sampled keys ({released} released by their holders)",
