@@ -142,8 +142,8 @@ for target in thumbv7em-none-eabihf thumbv6m-none-eabi; do
     out[$target.resp_size]=$(sym "$resp" ' LEASEHOLD_SIZE_OF_RESP$')
     out[$target.redis_task]="$(sym "$redis" ' firmware::lease::lease_task::POOL$') vs $(sym "$full" ' firmware::lease::lease_task::POOL$')"
     out[$target.resp_panic]=$(links_without_panic "$target" core-probe --features probe-resp)
-    out[$target.resp_callers]=$(panic_paths "$resp")
-    panic_paths --only-async-resume "$resp" >/dev/null && out[$target.resp_resume_only]=yes ||
+    out[$target.resp_resume_only]=yes
+    out[$target.resp_callers]=$(panic_paths --only-async-resume "$resp") ||
         out[$target.resp_resume_only]=no
     out[$target.fw_flash]=$(($(flash "$full") - $(flash "$base")))
     out[$target.fw_flash_abs]="$(flash "$full") vs $(flash "$base")"
@@ -158,8 +158,8 @@ for target in thumbv7em-none-eabihf thumbv6m-none-eabi; do
         --features probe-baseline-builtins)
     out[$target.driver_panic]=$(links_without_panic "$target" core-probe --features probe-driver)
     out[$target.fw_panic]=$(links_without_panic "$target" firmware)
-    out[$target.driver_callers]=$(panic_paths "$driver")
-    panic_paths --only-async-resume "$driver" >/dev/null && out[$target.driver_resume_only]=yes ||
+    out[$target.driver_resume_only]=yes
+    out[$target.driver_callers]=$(panic_paths --only-async-resume "$driver") ||
         out[$target.driver_resume_only]=no
     out[$target.fw_callers]=$(panic_paths "$full")
 done

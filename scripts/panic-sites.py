@@ -89,13 +89,21 @@ def main():
     if not paths:
         print("    (no panic path)")
         return 0
+    # One addr2line for every path: -a prints each address before its frames.
+    lines = subprocess.run(
+        ["arm-none-eabi-addr2line", "-a", "-i", "-f", "-C", "-e", elf]
+        + [hex(a) for _, a in paths],
+        check=True, capture_output=True, text=True,
+    ).stdout.splitlines()
+    chains = []
+    for line in lines:
+        if line.startswith("0x"):
+            chains.append([])
+        elif chains:
+            chains[-1].append(line)
     seen = {}
-    for callee, a in paths:
-        lines = subprocess.run(
-            ["arm-none-eabi-addr2line", "-i", "-f", "-C", "-e", elf, hex(a)],
-            check=True, capture_output=True, text=True,
-        ).stdout.splitlines()
-        key = (callee, origin(lines[0::2]))
+    for (callee, _), chain in zip(paths, chains):
+        key = (callee, origin(chain[0::2]))
         seen[key] = seen.get(key, 0) + 1
     others = 0
     for (callee, where), n in sorted(seen.items()):
