@@ -41,7 +41,19 @@
 #                   which the `redis` firmware's lease task holds the service in.
 #   panic paths     builds whose panic handler calls an undefined function: they link
 #                   only if no panic path survived. For the builds that do not link,
-#                   the functions that still call a panic routine are listed.
+#                   scripts/panic-sites.py lists each panic routine still called and
+#                   where from (the inlined code it came from, read from debug info).
+#
+# What fails the script (the budgets the README gives a target for, where the figure
+# is deterministic): a panic path in the core; in core + driver and core + driver +
+# RESP service, a panic path other than the compiler's "`async fn` resumed" checks;
+# Lease over 128 B, WriteGate over 24 B, a RESP connection over 512 B; the RESP
+# service's flash over 9.5 KiB (thumbv7em) and a lease over Redis over 15 KiB
+# (thumbv6m); a QEMU run that crashes, hangs, reports no stack or (with the lease)
+# acquires nothing or admits a stale write. Printed only: the core's flash (its 4 KiB
+# target is missed), the firmware's RAM and the stack high-water mark (it moves with
+# where QEMU's timer interrupt lands), the whole firmware's panic paths (embassy's
+# executor, timer and channels, and the example's own tasks).
 set -euo pipefail
 cd "$(dirname "$0")/../examples/firmware"
 # Where cargo puts the firmware's builds: CARGO_TARGET_DIR if set (e.g. a worktree's
@@ -74,13 +86,8 @@ builtins() { # elf -> the compiler-builtins functions it links, one a line
         grep -E '^(__aeabi_|__udiv|__umod|mem(cpy|set|move|cmp|clr)$|compiler_builtins::)' | sort -u
 }
 
-panic_callers() { # elf -> "function (count)" list of callers of panic routines
-    "$OBJDUMP" -d -C "$1" |
-        awk '/^[0-9a-f]+ <.*>:$/ { fn = $0; sub(/^[0-9a-f]+ </, "", fn); sub(/>:$/, "", fn) }
-             /\tbl\t.*<(core::panicking|core::option::expect_failed|core::result::unwrap_failed|core::cell::panic_already)/ {
-                 callee = $0; sub(/^.*</, "", callee); sub(/>.*$/, "", callee)
-                 if (fn !~ /^core::(panicking|option::expect_failed|result::unwrap_failed|cell::panic)/) n[fn " -> " callee]++ }
-             END { for (f in n) printf "    %s (%d)\n", f, n[f] }' | sort
+panic_paths() { # [--only-async-resume] elf -> "routine <- origin (count)" lines
+    python3 ../../scripts/panic-sites.py "$@"
 }
 
 links_without_panic() { # target, bin, features... -> "yes" / "no"
@@ -101,7 +108,9 @@ stack_start() { # target, machine, features: builds, then runs QEMU in the backg
     cp "$build_dir/$target/release/firmware" "$elf"
     timeout 120 qemu-system-arm -M "$machine" -nographic \
         -semihosting-config enable=on,target=native -kernel "$elf" >"$elf.log" 2>&1 &
+    qemu_runs[$!]="$target $features"
 }
+declare -A qemu_runs
 stack_result() { # target, features -> bytes or n/a
     local log="target/size/firmware-$1-qemu-$2.log"
     [[ -f $log ]] || { echo "n/a"; return; }
@@ -133,7 +142,9 @@ for target in thumbv7em-none-eabihf thumbv6m-none-eabi; do
     out[$target.resp_size]=$(sym "$resp" ' LEASEHOLD_SIZE_OF_RESP$')
     out[$target.redis_task]="$(sym "$redis" ' firmware::lease::lease_task::POOL$') vs $(sym "$full" ' firmware::lease::lease_task::POOL$')"
     out[$target.resp_panic]=$(links_without_panic "$target" core-probe --features probe-resp)
-    out[$target.resp_callers]=$(panic_callers "$resp")
+    out[$target.resp_resume_only]=yes
+    out[$target.resp_callers]=$(panic_paths --only-async-resume "$resp") ||
+        out[$target.resp_resume_only]=no
     out[$target.fw_flash]=$(($(flash "$full") - $(flash "$base")))
     out[$target.fw_flash_abs]="$(flash "$full") vs $(flash "$base")"
     out[$target.fw_ram]=$(($(ram "$full") - $(ram "$base")))
@@ -147,12 +158,15 @@ for target in thumbv7em-none-eabihf thumbv6m-none-eabi; do
         --features probe-baseline-builtins)
     out[$target.driver_panic]=$(links_without_panic "$target" core-probe --features probe-driver)
     out[$target.fw_panic]=$(links_without_panic "$target" firmware)
-    out[$target.driver_callers]=$(panic_callers "$driver")
-    out[$target.fw_callers]=$(panic_callers "$full")
+    out[$target.driver_resume_only]=yes
+    out[$target.driver_callers]=$(panic_paths --only-async-resume "$driver") ||
+        out[$target.driver_resume_only]=no
+    out[$target.fw_callers]=$(panic_paths "$full")
 done
 
 # Stack: four QEMU runs in parallel (about 25 s; SysTick follows the host clock).
 rm -f target/size/*.log
+qemu_failed=0
 if command -v qemu-system-arm >/dev/null; then
     for target in thumbv7em-none-eabihf thumbv6m-none-eabi; do
         # mps2-an386 is a Cortex-M4; the Cortex-M0 build runs on the Cortex-M3
@@ -162,7 +176,19 @@ if command -v qemu-system-arm >/dev/null; then
         stack_start "$target" "$machine" semihosting,paint-stack,lease
         stack_start "$target" "$machine" semihosting,paint-stack
     done
-    wait
+    # Each run is reaped on its own: one that crashed, hung until the timeout (124) or
+    # did not report its stack fails the script.
+    for pid in "${!qemu_runs[@]}"; do
+        run=${qemu_runs[$pid]}
+        if wait "$pid"; then
+            log="target/size/firmware-${run% *}-qemu-${run#* }.log"
+            grep -q '^stack_high_water_bytes=[0-9]' "$log" ||
+                { echo "FAIL: QEMU run ($run) reported no stack high-water mark" >&2; qemu_failed=1; }
+        else
+            echo "FAIL: QEMU run ($run) exited $? (124: it hung until the timeout)" >&2
+            qemu_failed=1
+        fi
+    done
 else
     echo "qemu-system-arm not installed: no stack measurement" >&2
 fi
@@ -200,14 +226,18 @@ row "core links with no panic path" "${out[$v7.core_panic]}" "${out[$v6.core_pan
 row "core + driver links with no panic path" "${out[$v7.driver_panic]}" "${out[$v6.driver_panic]}"
 row "whole firmware links with no panic path" "${out[$v7.fw_panic]}" "${out[$v6.fw_panic]}"
 row "core + driver + RESP service links with no panic path" "${out[$v7.resp_panic]}" "${out[$v6.resp_panic]}"
+row "core + driver: only async resume checks left" "${out[$v7.driver_resume_only]}" "${out[$v6.driver_resume_only]}"
+row "core + driver + RESP service: only async resume checks" "${out[$v7.resp_resume_only]}" "${out[$v6.resp_resume_only]}"
 echo
-echo "Functions that still call a panic routine (thumbv7em):"
+echo "Panic paths left, by routine and origin (thumbv7em; scripts/panic-sites.py: the origin"
+echo "is the innermost frame outside core, from debug info, a guide where paths merge):"
 echo "  core + driver probe:"
 echo "${out[$v7.driver_callers]:-    (none)}"
-echo "  whole firmware (embassy tasks are inlined into TaskStorage::poll):"
-echo "${out[$v7.fw_callers]:-    (none)}"
 echo "  core + driver + RESP service probe:"
 echo "${out[$v7.resp_callers]:-    (none)}"
+echo "  whole firmware (embassy's executor, timer and channels, and the example's tasks"
+echo "  around the lease: not leasehold's code, which the probes above hold to its budget):"
+echo "${out[$v7.fw_callers]:-    (none)}"
 for target in $v7 $v6; do
     log="target/size/firmware-$target-qemu-semihosting,paint-stack,lease.log"
     [[ -f $log ]] && { echo "QEMU run, $target, with the lease:"; sed 's/^/    /' "$log"; }
@@ -233,7 +263,29 @@ budget() { # what, bytes, budget
 }
 budget "RESP service flash, thumbv7em" "${out[$v7.resp]}" 9728
 budget "lease over Redis (core + driver + service), thumbv6m" "${out[$v6.over_redis]}" 15360
-[[ ${out[$v7.resp_panic]} == yes && ${out[$v6.resp_panic]} == yes ]] &&
-    echo "budget met: no panic path in the RESP service" ||
-    echo "budget MISSED (not a CI failure yet): panic paths left in the RESP service (listed above)"
+# The panic budget of leasehold's own code: no panic path in core + driver + RESP
+# service but the compiler's "`async fn` resumed after completion" checks (read from
+# the routines each build calls: exact).
+declare -A probe_name=([driver]="core + driver" [resp]="core + driver + RESP service")
+for target in $v7 $v6; do
+    for probe in driver resp; do
+        if [[ ${out[$target.${probe}_resume_only]} == yes ]]; then
+            echo "budget met: ${probe_name[$probe]}: no panic path but async resume checks ($target)"
+        else
+            echo "FAIL: budget missed: ${probe_name[$probe]}: a panic path other than an async resume check ($target, listed above)"
+            fail=1
+        fi
+    done
+done
+# The QEMU runs: each must end by itself, report its stack, and (with the lease) admit
+# no stale write. The stack figure itself varies between runs (where QEMU's timer
+# interrupt lands): printed, not held to a number.
+if command -v qemu-system-arm >/dev/null; then
+    ((qemu_failed == 0)) || fail=1
+    for target in $v7 $v6; do
+        log="target/size/firmware-$target-qemu-semihosting,paint-stack,lease.log"
+        grep -q '^acquired=[1-9]' "$log" && grep -q ' writes_stale=0 ' "$log" ||
+            { echo "FAIL: the QEMU run with the lease ($target) acquired nothing or admitted a stale write"; fail=1; }
+    done
+fi
 exit $fail

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Builds every published crate with the oldest Rust it declares (`rust-version` in its
-# Cargo.toml, read with `cargo metadata`), so the README's MSRV table is checked, not
-# just stated:
+# Builds every published crate, and the `leasehold` command (leasehold-cli, not
+# published but given an MSRV in the README), with the oldest Rust it declares
+# (`rust-version` in its Cargo.toml, read with `cargo metadata`), so the README's MSRV
+# list is checked, not just stated; and checks that the list names each of those crates
+# with the version it declares:
 #
 #     bash scripts/msrv.sh
 #
 # Crates are grouped by version; each group is checked with `cargo +VERSION check
-# --locked --lib` into its own target dir (target/msrv-VERSION), so the old compiler
+# --locked --lib --bins` into its own target dir (target/msrv-VERSION), so the old compiler
 # never shares artefacts with the current one. The no_std crates declared for the
 # oldest version are also built for thumbv6m-none-eabi with that toolchain.
 # A toolchain that is missing is installed (`rustup toolchain install --profile
@@ -16,17 +18,40 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 target_root=${CARGO_TARGET_DIR:-$root/target}
 
-# "VERSION NAME" for every package that is published (publish is not `false`).
+# "VERSION NAME" for every package that is published (publish is not `false`), and
+# for leasehold-cli (the README gives its MSRV).
 groups=$(cargo metadata --format-version 1 --no-deps --locked | python3 -c '
 import json, sys
 for p in json.load(sys.stdin)["packages"]:
-    if p.get("publish") != [] and p.get("rust_version"):
+    if (p.get("publish") != [] or p["name"] == "leasehold-cli") and p.get("rust_version"):
         print(p["rust_version"], p["name"])
 ' | sort -V)
 if [[ -z $groups ]]; then
     echo "msrv: no published crate declares a rust-version" >&2
     exit 1
 fi
+grep -q " leasehold-cli$" <<<"$groups" || { echo "msrv: leasehold-cli declares no rust-version" >&2; exit 1; }
+
+# The README's "Minimum supported Rust" section names each crate with its version:
+# "`a`, `b` and `c`: 1.81. `d`: 1.85 (...)". Every crate checked here must be named
+# there with the version it declares, and nothing else named.
+python3 - "$groups" <<'PY' || exit 1
+import re, sys
+declared = dict(reversed(line.split()) for line in sys.argv[1].splitlines())
+text = open("README.md", encoding="utf-8").read()
+section = text.split("## Minimum supported Rust", 1)[1].split("\n## ", 1)[0]
+stated = {}
+for names, version in re.findall(r"((?:`[a-z-]+`(?:,\s+|\s+and\s+)?)+):\s+(\d+\.\d+)", section):
+    for name in re.findall(r"`([a-z-]+)`", names):
+        stated[name] = version
+if stated != declared:
+    for name in sorted(set(stated) | set(declared)):
+        if stated.get(name) != declared.get(name):
+            print(f"msrv: README says {name}: {stated.get(name)}, Cargo.toml says "
+                  f"{declared.get(name)}", file=sys.stderr)
+    sys.exit(1)
+print(f"  the README's MSRV list matches the {len(declared)} crates' rust-version")
+PY
 
 ensure_toolchain() {
     local version=$1
@@ -49,7 +74,7 @@ for version in $(awk '{print $1}' <<<"$groups" | uniq); do
     for crate in $crates; do args+=(-p "$crate"); done
     echo "  Rust ${version}: ${crates//$'\n'/ }"
     if ! CARGO_TARGET_DIR="$target_root/msrv-$version" \
-        cargo "+$version" check --locked --lib -q "${args[@]}"; then
+        cargo "+$version" check --locked --lib --bins -q "${args[@]}"; then
         failed+=("Rust ${version}: ${crates//$'\n'/ }")
     fi
 done
@@ -74,4 +99,4 @@ if ((${#failed[@]})); then
     printf '  %s\n' "${failed[@]}" >&2
     exit 1
 fi
-echo "msrv: every published crate builds with its declared rust-version"
+echo "msrv: every published crate, and leasehold-cli, builds with its declared rust-version"

@@ -12,19 +12,28 @@ pub(crate) use loom::sync::atomic::{AtomicU32, Ordering};
 #[cfg(not(loom))]
 pub(crate) use core::sync::atomic::{AtomicU32, Ordering};
 
+// The weakened orderings below exist for loom's models only: a build of the real
+// atomics with them would be a gate that can hand out a torn fence.
+#[cfg(all(leasehold_weak_gate, not(loom)))]
+compile_error!(
+    "`--cfg leasehold_weak_gate` weakens the write gate's orderings and is only for the \
+     loom models: set it together with `--cfg loom` (scripts/loom.sh), never in a build \
+     that runs"
+);
+
 /// Ordering of the gate's publishing stores.
 ///
 /// `Release` is what makes a reader that sees any new word also see that a write was in
-/// progress. `loom-tests` weakens it to `Relaxed` under `cfg(leasehold_weak_gate)` to
-/// show that the model checker catches the torn read that results; never set that cfg
-/// anywhere else.
-#[cfg(not(leasehold_weak_gate))]
+/// progress. `loom-tests` weakens it to `Relaxed` under `cfg(leasehold_weak_gate)`
+/// (with `cfg(loom)` only: without it the crate does not compile) to show that the
+/// model checker catches the torn read that results.
+#[cfg(not(all(loom, leasehold_weak_gate)))]
 pub(crate) const PUBLISH: Ordering = Ordering::Release;
-#[cfg(leasehold_weak_gate)]
+#[cfg(all(loom, leasehold_weak_gate))]
 pub(crate) const PUBLISH: Ordering = Ordering::Relaxed;
 
 /// Ordering of the gate's reading loads; the counterpart of [`PUBLISH`].
-#[cfg(not(leasehold_weak_gate))]
+#[cfg(not(all(loom, leasehold_weak_gate)))]
 pub(crate) const OBSERVE: Ordering = Ordering::Acquire;
-#[cfg(leasehold_weak_gate)]
+#[cfg(all(loom, leasehold_weak_gate))]
 pub(crate) const OBSERVE: Ordering = Ordering::Relaxed;

@@ -6,7 +6,7 @@ use core::future::{poll_fn, Future};
 use core::pin::{pin, Pin};
 use core::task::{Context, Poll};
 
-use futures_util::future::{Either, FutureExt};
+use futures_util::future::Either;
 use leasehold::{
     AcquireFailure, AcquireOutcome, Action, AlreadyActive, Event, Fence, Holder, Identity, Instant,
     Lease, LossReason, Owner, RequestId, Response, State, WriteGate,
@@ -126,23 +126,20 @@ where
     loop {
         while let Some(action) = lease.poll_action() {
             let io = match action {
-                Action::Acquire { term, ttl, .. } => Either::Left(
-                    service
-                        .acquire(key, owner.token(term), identity, ttl)
-                        .map(Response::Acquire),
-                ),
+                Action::Acquire { term, ttl, .. } => Either::Left(Answer {
+                    future: service.acquire(key, owner.token(term), identity, ttl),
+                    wrap: Response::Acquire,
+                }),
                 Action::Renew {
                     term, fence, ttl, ..
-                } => Either::Right(Either::Left(
-                    service
-                        .renew(key, owner.token(term), fence, ttl)
-                        .map(Response::Renew),
-                )),
-                Action::Release { term, .. } => Either::Right(Either::Right(
-                    service
-                        .release(key, owner.token(term))
-                        .map(Response::Release),
-                )),
+                } => Either::Right(Either::Left(Answer {
+                    future: service.renew(key, owner.token(term), fence, ttl),
+                    wrap: Response::Renew,
+                })),
+                Action::Release { term, .. } => Either::Right(Either::Right(Answer {
+                    future: service.release(key, owner.token(term)),
+                    wrap: Response::Release,
+                })),
             };
             request.set(Some(io));
             request_id = Some(action.id());
@@ -219,6 +216,27 @@ where
             }
             Wake::Timer => lease.handle_timeout(now, gate),
         }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request's future, its output wrapped as the lease takes it (`wrap`, a
+    /// `Response` variant). Unlike `futures_util`'s `map` it keeps no state of its own,
+    /// and so has no "polled after completion" panic path: the loop empties the slot
+    /// the moment the future completes, and never polls it again.
+    struct Answer<F, W> {
+        #[pin]
+        future: F,
+        wrap: W,
+    }
+}
+
+impl<F: Future, W: Fn(F::Output) -> Response> Future for Answer<F, W> {
+    type Output = Response;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Response> {
+        let this = self.project();
+        this.future.poll(cx).map(|output| (this.wrap)(output))
     }
 }
 

@@ -1,6 +1,8 @@
 //! Renewals per second on a real local Redis Cluster (3 primaries + 3 replicas, which
-//! this binary starts): `leasehold-redis`'s cluster service against the same cluster
-//! driven raw through redis-rs's own cluster connection, in alternating rounds.
+//! this binary starts): `leasehold-redis`'s cluster service against redis-rs's own
+//! cluster client (`ClusterConnection`) sending a plain script, in alternating rounds.
+//! The ratio compares two cluster clients, routing included on both sides; it is not
+//! a comparison with a raw loop per node.
 //!
 //! ```text
 //! cargo bench -p leasehold-redis --features cluster --bench cluster_renew       # 3 rounds of 5 s

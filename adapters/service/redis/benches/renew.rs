@@ -12,18 +12,19 @@
 //!
 //! The peers, each K closed-loop tasks (one renewal outstanding per lease) on ONE
 //! shared connection, on one tokio thread (the machine's other core is Redis's):
+//! Every peer bounds each request by the same 500 ms ([`TIMEOUT`]): rslock cannot be
+//! given another bound than redis-rs's default response timeout, so the others get
+//! that one too.
 //! - **leasehold**: `LockService::renew` (what the driver calls) on a
-//!   `RedisLockService::connect` service: its defaults, a reconnecting connection and a
-//!   1 s request timeout.
-//! - **redis-rs EVALSHA**: the honest floor: a multiplexed redis-rs connection (1 s
-//!   response timeout, like leasehold's request timeout) sending `EVALSHA` of a plain
-//!   compare-and-`PEXPIRE` script, its command built once per lease, no typed answer.
-//! - **leasehold-mux**: the same on a plain multiplexed connection (1 s request
-//!   timeout), without the reconnecting wrapper `connect` puts around it: what that
-//!   wrapper costs.
+//!   `RedisLockService::connect` service: its defaults (a reconnecting connection) but
+//!   for the request timeout.
+//! - **redis-rs EVALSHA**: the honest floor: a multiplexed redis-rs connection
+//!   sending `EVALSHA` of a plain compare-and-`PEXPIRE` script, its command built once
+//!   per lease, no typed answer.
+//! - **leasehold-mux**: the same on a plain multiplexed connection, without the
+//!   reconnecting wrapper `connect` puts around it: what that wrapper costs.
 //! - **rslock**: `LockManager::extend` of rslock (Redlock, one server), which
-//!   compare-and-`SET`s the value with a new `PX` (redis-rs's default 500 ms response
-//!   timeout).
+//!   compare-and-`SET`s the value with a new `PX`.
 //!
 //! Smoke mode (`LEASEHOLD_BENCH_SMOKE=1`): every peer at every K for a fraction of a
 //! second and two failover trials; it fails on any error or unexpected answer, never
@@ -160,22 +161,25 @@ fn raw_key(i: usize) -> String {
     format!("raw:{i}")
 }
 
+/// Every peer's bound on one request: redis-rs's default response timeout, the one
+/// rslock's connections have (it offers no other).
+const TIMEOUT: StdDuration = StdDuration::from_millis(500);
+
 impl Peers {
     async fn start(server: &RedisServer) -> Peers {
         let url = server.url();
-        // Its defaults, but for `max_ttl`: the bench's TTL (a day) is longer.
+        // Its defaults, but for `max_ttl` (the bench's TTL, a day, is longer) and the
+        // request timeout every peer has.
         let leasehold = RedisLockService::connect(&url)
             .await
             .expect("connect leasehold-redis")
-            .with_max_ttl(StdDuration::from_millis(TTL_MS));
+            .with_max_ttl(StdDuration::from_millis(TTL_MS))
+            .with_request_timeout(Some(TIMEOUT));
         let token = Owner([0x42; 16]).token(Term(1));
-        // The same 1 s bound on each request as leasehold's default (redis-rs's own
-        // default, 500 ms, is what rslock gets).
         let mut raw = redis::Client::open(url.as_str())
             .expect("url")
             .get_multiplexed_async_connection_with_config(
-                &redis::AsyncConnectionConfig::new()
-                    .set_response_timeout(Some(StdDuration::from_secs(1))),
+                &redis::AsyncConnectionConfig::new().set_response_timeout(Some(TIMEOUT)),
             )
             .await
             .expect("raw connection");
@@ -197,7 +201,7 @@ impl Peers {
         let leasehold_mux = RedisLockService::from_connection(mux)
             .await
             .expect("leasehold on a multiplexed connection")
-            .with_request_timeout(Some(StdDuration::from_secs(1)))
+            .with_request_timeout(Some(TIMEOUT))
             .with_max_ttl(StdDuration::from_millis(TTL_MS));
         let rslock = rslock::LockManager::new(vec![url]);
         let max = LEASES.iter().copied().max().unwrap_or(0);

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
 use leasehold::{Config, Duration};
+use leasehold_conformance::breach::the_timing_clauses_catch_early_expiry;
 use leasehold_conformance::{run_all, Capabilities};
 use leasehold_redis::{Keys, RedisClusterLockService, RedisLockService};
 use leasehold_test_support::RedisCluster;
@@ -59,7 +60,10 @@ async fn a_cluster_keeps_the_contract() {
     for name in ["orders", "lease-0", "lease-9999"] {
         assert_eq!(cluster.slot_of(&format!("{{{name}}}")), slot(name));
     }
-    run_all(&*service, &Capabilities::redis(Duration::from_millis(300))).await;
+    let caps = Capabilities::redis(Duration::from_millis(300));
+    run_all(&*service, &caps).await;
+    // And the timing clauses see a cluster that expires keys early.
+    the_timing_clauses_catch_early_expiry(&*service, &caps, &caps).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,7 +116,7 @@ async fn ten_thousand_leases_ride_out_a_failover_and_a_slot_migration() {
         .iter()
         .take(100)
         .map(|&i| {
-            let options = AcquireOptions::new().max_wait(StdDuration::from_secs(20));
+            let options = AcquireOptions::new().max_wait(StdDuration::from_secs(60));
             (i, tokio::spawn(contenders.acquire_with(&names[i], options)))
         })
         .collect();
@@ -141,22 +145,6 @@ async fn ten_thousand_leases_ride_out_a_failover_and_a_slot_migration() {
             }
         }
     }
-    let mut taken = 0;
-    for (i, contender) in waiting {
-        // The contender gets the key only once the old lease has ended.
-        if contender.is_finished() {
-            let next = contender.await.unwrap().expect("the contender's acquire");
-            taken += 1;
-            assert!(leases[i].check().is_err(), "two holders of {}", names[i]);
-            assert!(
-                next.granted_fence() > leases[i].granted_fence(),
-                "{}: fence {:?} after {:?}",
-                names[i],
-                next.granted_fence(),
-                leases[i].granted_fence()
-            );
-        }
-    }
     let healthy_ended: Vec<_> = (0..LEASES)
         .filter(|&i| primaries[i] != victim)
         .filter_map(|i| leases[i].end().map(|end| (&names[i], end)))
@@ -167,9 +155,40 @@ async fn ten_thousand_leases_ride_out_a_failover_and_a_slot_migration() {
         healthy_ended.len(),
         &healthy_ended[..healthy_ended.len().min(5)]
     );
+    // Every sampled key changes hands: the leases that ended were given up by the
+    // failover, the ones that survived are released now. Each contender must get its
+    // key (within its 60 s bound), with a newer fence, while the old holder's gate
+    // refuses.
+    let mut released = 0;
+    for &(i, _) in &waiting {
+        if leases[i].end().is_none() {
+            leases[i].release().await;
+            released += 1;
+        }
+    }
+    let sampled = waiting.len();
+    assert_eq!(sampled, 100, "contenders on 100 of the dead primary's keys");
+    let mut taken = 0;
+    for (i, contender) in waiting {
+        let next = contender
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("the contender for {} got no key: {e:?}", names[i]));
+        taken += 1;
+        assert!(leases[i].check().is_err(), "two holders of {}", names[i]);
+        assert!(
+            next.granted_fence() > leases[i].granted_fence(),
+            "{}: fence {:?} after {:?}",
+            names[i],
+            next.granted_fence(),
+            leases[i].granted_fence()
+        );
+        next.release().await;
+    }
+    assert_eq!(taken, sampled, "every contender took its key");
     println!(
         "failover: {} of the dead primary's {} leases ended safely, the rest survived; \
-         contenders took {taken} of their keys",
+         contenders took all {taken} sampled keys ({released} released by their holders)",
         ended,
         affected.len()
     );

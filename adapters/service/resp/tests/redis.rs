@@ -11,6 +11,7 @@ use leasehold::{
     AcquireOutcome, Duration, Fence, HolderOutcome, Identity, Indeterminate, Owner, OwnerToken,
     Refusal, ReleaseOutcome, RenewOutcome, Term,
 };
+use leasehold_conformance::breach::the_timing_clauses_catch_early_expiry;
 use leasehold_conformance::{run_all, Capabilities};
 use leasehold_driver::LocalLockService;
 use leasehold_resp::{Auth, Connect, Error, ProtocolError, RespLockService};
@@ -65,6 +66,16 @@ async fn conformance() {
     let server = RedisServer::start();
     let s = service(server.port());
     run_all(&s, &Capabilities::redis(Duration::from_millis(300))).await;
+}
+
+/// The timing clauses see this service on a Redis that expires keys early (grants
+/// applying less than they report, renewals reporting more than they apply).
+#[tokio::test(flavor = "current_thread")]
+async fn the_timing_clauses_catch_a_redis_that_expires_early() {
+    let server = RedisServer::start();
+    let s = service(server.port());
+    let caps = Capabilities::redis(Duration::from_millis(300));
+    the_timing_clauses_catch_early_expiry(&s, &caps, &caps).await;
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -16,6 +16,7 @@ use leasehold::Duration;
 /// etcd.granularity = Duration::from_secs(1);
 /// etcd.min_ttl = Duration::from_secs(1);
 /// etcd.expiry_slack = Duration::from_millis(1_500);
+/// etcd.tolerance = Duration::from_millis(300);
 /// etcd.revocation_watch = true;
 /// assert!(etcd.check().is_ok());
 /// ```
@@ -36,6 +37,17 @@ pub struct Capabilities {
     /// keeps a key through the millisecond its expiry falls in, see
     /// [`Capabilities::redis`]). Zero on a virtual clock.
     pub expiry_slack: Duration,
+    /// How far the service's handling of a request may lie from its send on the test's
+    /// clock (the network, scheduling, a loaded machine), and how much more than its
+    /// granularity the remaining time it reports may be rounded down. The timing
+    /// clauses hold a service to the TTL it reports, on its own time base: a grant or
+    /// renewal of TTL t sent at s turns every contender away whose request is sent
+    /// before s + t − `tolerance`, and reports a remaining time no shorter than what is
+    /// left of s + t, less `tolerance` and the granularity. At most two fifths of
+    /// [`ttl`](Self::ttl) (so a service that applies 60 % of the TTL it reports is
+    /// always caught) and more than zero (a contender sent exactly at s + t may meet
+    /// a service that expired the key at s + t). 1 ms on a virtual clock.
+    pub tolerance: Duration,
     /// Every call must answer within this; a call that does not breaks the clause
     /// ("no call may wait forever"). On tokio's paused clock this costs no real time.
     pub request_timeout: Duration,
@@ -47,13 +59,15 @@ pub struct Capabilities {
 
 impl Capabilities {
     /// A service that applies any TTL to the millisecond, expires on time, cannot
-    /// watch, and answers within 5 s; the clauses ask for `ttl`.
+    /// watch, and answers within 5 s, timed on a virtual clock (1 ms of
+    /// [`tolerance`](Self::tolerance)); the clauses ask for `ttl`.
     pub const fn new(ttl: Duration) -> Capabilities {
         Capabilities {
             ttl,
             min_ttl: Duration::from_millis(1),
             granularity: Duration::from_millis(1),
             expiry_slack: Duration::ZERO,
+            tolerance: Duration::from_millis(1),
             request_timeout: Duration::from_secs(5),
             revocation_watch: false,
         }
@@ -65,9 +79,16 @@ impl Capabilities {
     /// still finds the key (`PTTL` 0). That is the safe side for a lease (contenders
     /// wait a little longer, never less), but a clause that waits exactly the TTL can
     /// land in that millisecond.
+    ///
+    /// Timed on real time over loopback: a third of `ttl` of
+    /// [`tolerance`](Self::tolerance) (100 ms of a 300 ms TTL), so a Redis that applied
+    /// two thirds of what it reports would be caught, and a request handled up to a
+    /// third of the TTL after its send, on a loaded machine, would not fail a healthy
+    /// one.
     pub const fn redis(ttl: Duration) -> Capabilities {
         let mut caps = Capabilities::new(ttl);
         caps.expiry_slack = Duration::from_millis(1);
+        caps.tolerance = Duration::from_micros(ttl.as_micros() / 3);
         caps
     }
 
@@ -88,6 +109,14 @@ impl Capabilities {
                 "ttl {:?} is not a positive multiple of the granularity {:?}",
                 std_of(self.ttl),
                 std_of(self.granularity)
+            ));
+        }
+        if self.tolerance.is_zero() || self.tolerance.saturating_mul(5) > self.ttl.saturating_mul(2)
+        {
+            return Err(format!(
+                "tolerance {:?} is not more than zero and at most two fifths of the ttl {:?}",
+                std_of(self.tolerance),
+                std_of(self.ttl)
             ));
         }
         if self.request_timeout.is_zero() {
@@ -117,5 +146,12 @@ mod tests {
         too_short.min_ttl = Duration::from_secs(1);
         assert!(too_short.check().unwrap_err().contains("below min_ttl"));
         assert!(Capabilities::new(Duration::ZERO).check().is_err());
+        let mut loose = Capabilities::new(ms(300));
+        loose.tolerance = ms(121);
+        assert!(loose.check().unwrap_err().contains("two fifths"));
+        loose.tolerance = Duration::ZERO;
+        assert!(loose.check().is_err());
+        assert!(Capabilities::redis(ms(300)).check().is_ok());
+        assert_eq!(Capabilities::redis(ms(300)).tolerance, ms(100));
     }
 }

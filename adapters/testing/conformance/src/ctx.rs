@@ -307,6 +307,57 @@ impl<'a, S: LocalLockService> Ctx<'a, S> {
         Ok(())
     }
 
+    /// The timing check, on the service's own time base: a grant (or renewal) of `ttl`
+    /// whose request was sent at `sent` must still turn another token away — acquire
+    /// answers `HeldByAnother` naming `identity` and `fence` — when asked before
+    /// `sent + ttl − tolerance`, and report at most `ttl` left and no less than what is
+    /// left of `sent + ttl` when the answer came, less the tolerance and the
+    /// service's granularity (which its report of the remaining time may round down).
+    /// A service that applies less than the TTL it reported fails here.
+    pub(crate) async fn refused_until(
+        &self,
+        key: &str,
+        identity: &Identity,
+        fence: Fence,
+        ttl: Duration,
+        sent: tokio::time::Instant,
+        why: &str,
+    ) -> Verdict {
+        let them = self.identity("contender");
+        let asked = tokio::time::Instant::now();
+        let answer = self.acquire(key, self.token(), &them, self.ttl()).await?;
+        let answered = tokio::time::Instant::now();
+        let (at, expiry) = (asked.saturating_duration_since(sent), std_of(ttl));
+        let holder = match answer {
+            AcquireOutcome::HeldByAnother(holder) => holder,
+            other => {
+                return Err(self.violation(format!(
+                    "acquire({key:?}) by another token {why}, {at:?} after the request that \
+                     set a TTL of {expiry:?} was sent (tolerance {:?}): expected \
+                     HeldByAnother, got {other:?} — the service applied less than the TTL \
+                     it reported",
+                    std_of(self.caps.tolerance)
+                )))
+            }
+        };
+        let left = (sent + expiry).saturating_duration_since(answered);
+        let slack = std_of(self.caps.tolerance.saturating_add(self.caps.granularity));
+        let at_least = left.saturating_sub(slack);
+        let remaining = std_of(holder.remaining);
+        ensure!(
+            self,
+            holder.identity == *identity
+                && holder.fence == fence
+                && remaining <= expiry
+                && remaining >= at_least,
+            "acquire({key:?}) by another token {why}: expected HeldByAnother with identity \
+             {identity:?}, {fence}, remaining between {at_least:?} ({left:?} left of the TTL \
+             of {expiry:?} since its request was sent, less tolerance and granularity \
+             {slack:?}) and {expiry:?}; got {holder:?}"
+        );
+        Ok(())
+    }
+
     /// Acquiring must answer `HeldByAnother` naming `identity` and `fence`, with at
     /// most `ttl` left.
     pub(crate) async fn held_by_another(

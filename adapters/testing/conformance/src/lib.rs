@@ -27,6 +27,7 @@
 
 #![warn(missing_docs)]
 
+pub mod breach;
 mod caps;
 mod clauses;
 mod ctx;
@@ -52,9 +53,9 @@ pub use clauses::release::{
     release_by_the_holder_frees_the_key,
 };
 pub use clauses::renew::{
-    a_renewal_replaces_the_expiry, renew_by_another_token_is_not_owner,
-    renew_by_the_holder_applies_at_least_the_ttl_asked, renew_never_recreates_a_released_key,
-    renew_with_another_fence_is_not_owner,
+    a_renewal_holds_for_the_ttl_it_reports, a_renewal_replaces_the_expiry,
+    renew_by_another_token_is_not_owner, renew_by_the_holder_applies_at_least_the_ttl_asked,
+    renew_never_recreates_a_released_key, renew_with_another_fence_is_not_owner,
 };
 pub use clauses::watch::revoked_fires_only_when_the_grant_is_gone;
 pub use ctx::{Verdict, Violation};
@@ -87,6 +88,7 @@ macro_rules! with_every_clause {
             renewals_and_reacquires_extend_the_expiry,
             renew_never_recreates_an_expired_key,
             a_renewal_replaces_the_expiry,
+            a_renewal_holds_for_the_ttl_it_reports,
         )
     };
 }

@@ -10,7 +10,7 @@
 //! grant that outlives its TTL by one tick fails `the_ttl_is_hard` every run, where
 //! real time would only add scheduling jitter (and seconds of waiting).
 //!
-//! Every one of the 22 clauses applies and runs. The gateway cannot watch, so
+//! Every one of the 23 clauses applies and runs. The gateway cannot watch, so
 //! `revocation_watch` stays false: `revoked_fires_only_when_the_grant_is_gone` checks
 //! only that `revoked` never completes while the grant stands (the gateway pushes
 //! nothing to the device; its lease learns of a loss from its own renewals).
@@ -31,6 +31,7 @@ use leasehold::{
     AcquireOutcome, Duration, Fence, HolderOutcome, Identity, Indeterminate, Instant, Owner,
     OwnerToken, Refusal, ReleaseOutcome, RenewOutcome, Term,
 };
+use leasehold_conformance::breach::the_timing_clauses_catch_early_expiry;
 use leasehold_conformance::{check_all, run_all, Capabilities, CLAUSES};
 use leasehold_driver::LocalLockService;
 
@@ -134,8 +135,17 @@ async fn concurrent_runs_on_one_gateway_do_not_interfere() {
 
 #[tokio::test(start_paused = true)]
 async fn every_clause_runs_against_the_gateway() {
-    assert_eq!(CLAUSES.len(), 22);
+    assert_eq!(CLAUSES.len(), 23);
     assert!(check_all(&GatewayService::new(), &caps()).await.is_empty());
+}
+
+/// The timing clauses see a gateway that expires keys early: its grants applying 55 %
+/// of the TTL they report, its renewals reporting twice what they apply (each hiding
+/// it in the remaining time it tells contenders).
+#[tokio::test(start_paused = true)]
+async fn the_timing_clauses_catch_a_gateway_that_expires_early() {
+    let service = GatewayService::new();
+    the_timing_clauses_catch_early_expiry(&service, &caps(), &caps()).await;
 }
 
 // What the suite does not ask: the gateway's own limits, each a clear answer.

@@ -2,6 +2,7 @@
 //! real time).
 
 use leasehold::Duration;
+use leasehold_conformance::breach::the_timing_clauses_catch_early_expiry;
 use leasehold_conformance::{check_all, run_all, Capabilities, CLAUSES};
 use leasehold_tokio::memory::MemoryService;
 
@@ -29,8 +30,16 @@ async fn concurrent_runs_on_one_service_do_not_interfere() {
 
 #[tokio::test(start_paused = true)]
 async fn every_clause_runs() {
-    assert_eq!(CLAUSES.len(), 22);
+    assert_eq!(CLAUSES.len(), 23);
     let unique: std::collections::HashSet<_> = CLAUSES.iter().collect();
     assert_eq!(unique.len(), CLAUSES.len());
     assert!(check_all(&MemoryService::new(), &caps()).await.is_empty());
+}
+
+/// The timing clauses see the memory service made to expire keys early (grants
+/// applying less than they report, renewals reporting more than they apply).
+#[tokio::test(start_paused = true)]
+async fn the_timing_clauses_catch_early_expiry_on_the_memory_service() {
+    let service = MemoryService::new();
+    the_timing_clauses_catch_early_expiry(&service, &caps(), &caps()).await;
 }

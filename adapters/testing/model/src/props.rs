@@ -24,6 +24,37 @@ pub const REFUSAL_FINAL: &str = "(f) a refused acquire is not retried";
 /// (g) Liveness: after the fault window, some client holds before the horizon.
 pub const LIVENESS: &str = "(g) once faults stop, some client holds";
 
+/// Sometimes: storage refuses a stale fence (the fence gate is exercised).
+pub const STALE_WRITE_REFUSED: &str = "a stale write is refused by storage";
+/// Sometimes: a client's term ends on a NOT_OWNER renewal answer.
+pub const LOST_BY_NOT_OWNER: &str = "a client loses by NOT_OWNER";
+/// Sometimes: a client's term ends on a renewal answered shorter than asked.
+pub const LOST_BY_SHORTENED: &str = "a client loses by a shortened renewal";
+/// Sometimes: a client holds a grant the service reduced below the TTL asked.
+pub const REDUCED_GRANT_HELD: &str = "a reduced grant is held";
+
+/// Every `sometimes` property: behaviours the `always` properties are about, which a
+/// run must reach for them not to hold vacuously.
+pub const EXAMPLES: &[&str] = &[
+    STALE_WRITE_REFUSED,
+    LOST_BY_NOT_OWNER,
+    LOST_BY_SHORTENED,
+    REDUCED_GRANT_HELD,
+];
+
+/// The `sometimes` properties a run with `params` must reach: all of them with the CI
+/// bounds ([`Params::CI`](crate::Params::CI), the run CI makes). Other bounds print
+/// what they reached and require nothing: fewer faults, or a shorter fault window,
+/// cannot reach some of them (one fault until tick 2 reaches none of the first
+/// three), and the deep run's service never reduces a grant.
+pub fn required_examples(params: &crate::Params) -> &'static [&'static str] {
+    if *params == crate::Params::CI {
+        EXAMPLES
+    } else {
+        &[]
+    }
+}
+
 /// How many clients' gates admit a write right now.
 pub fn admitting(s: &Sys) -> usize {
     s.clients
@@ -64,24 +95,22 @@ pub fn all() -> Vec<Property<LeaseModel>> {
             s.clients.iter().all(|c| !c.refusal_ignored)
         }),
         Property::eventually(LIVENESS, |_, s: &Sys| s.held_after_faults),
-        Property::sometimes("a stale write is refused by storage", |_, s: &Sys| {
-            s.stale_write_refused
-        }),
-        Property::sometimes("a client loses by NOT_OWNER", |_, s: &Sys| {
+        Property::sometimes(STALE_WRITE_REFUSED, |_, s: &Sys| s.stale_write_refused),
+        Property::sometimes(LOST_BY_NOT_OWNER, |_, s: &Sys| {
             s.clients.iter().any(|c| {
                 c.gate.snapshot().is_some_and(|g| {
                     g.status == leasehold::GateStatus::Lost(leasehold::LossReason::NotOwner)
                 })
             })
         }),
-        Property::sometimes("a client loses by a shortened renewal", |_, s: &Sys| {
+        Property::sometimes(LOST_BY_SHORTENED, |_, s: &Sys| {
             s.clients.iter().any(|c| {
                 c.gate.snapshot().is_some_and(|g| {
                     g.status == leasehold::GateStatus::Lost(leasehold::LossReason::Shortened)
                 })
             })
         }),
-        Property::sometimes("a reduced grant is held", |_, s: &Sys| {
+        Property::sometimes(REDUCED_GRANT_HELD, |_, s: &Sys| {
             s.service.grant_max < 9 && admitting(s) > 0
         }),
     ]

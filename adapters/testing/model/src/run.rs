@@ -7,6 +7,7 @@ use stateright::{Checker, HasDiscoveries, Model, Path};
 
 use crate::model::{LeaseModel, Step, Sys};
 use crate::params::Params;
+use crate::props;
 
 /// What one exhaustive run found.
 #[derive(Debug)]
@@ -25,6 +26,10 @@ pub struct Outcome {
     pub failures: BTreeMap<&'static str, Vec<(Sys, Option<Step>)>>,
     /// Examples found for `sometimes` properties.
     pub examples: Vec<&'static str>,
+    /// The `sometimes` properties these bounds must reach
+    /// ([`props::required_examples`]) that the run did not reach: the check would be
+    /// vacuous for them.
+    pub unreached: Vec<&'static str>,
 }
 
 /// Checks every behaviour within `params` by breadth-first search; with
@@ -52,6 +57,16 @@ pub fn check(params: Params, threads: usize, stop_at_first_failure: bool) -> Out
         }
     }
     examples.sort_unstable();
+    let unreached = if stop_at_first_failure {
+        // A run that stops early is not asked to reach anything.
+        Vec::new()
+    } else {
+        props::required_examples(&params)
+            .iter()
+            .copied()
+            .filter(|name| !examples.contains(name))
+            .collect()
+    };
     Outcome {
         params,
         states: checker.state_count(),
@@ -60,6 +75,7 @@ pub fn check(params: Params, threads: usize, stop_at_first_failure: bool) -> Out
         elapsed,
         failures,
         examples,
+        unreached,
     }
 }
 
@@ -68,6 +84,12 @@ fn path_steps(path: Path<Sys, Step>) -> Vec<(Sys, Option<Step>)> {
 }
 
 impl Outcome {
+    /// No counterexample, and every `sometimes` property these bounds must reach
+    /// was reached.
+    pub fn passed(&self) -> bool {
+        self.failures.is_empty() && self.unreached.is_empty()
+    }
+
     /// A human-readable report: figures, then every counterexample path.
     pub fn report(&self) -> String {
         let mut out = format!(
@@ -93,6 +115,9 @@ impl Outcome {
         );
         for name in &self.examples {
             out += &format!("  example found (sometimes): {name}\n");
+        }
+        for name in &self.unreached {
+            out += &format!("UNREACHED (sometimes, required by these bounds): {name}\n");
         }
         if self.failures.is_empty() {
             out += "  no counterexample: every always/eventually property holds\n";

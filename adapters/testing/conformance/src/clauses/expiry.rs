@@ -7,10 +7,13 @@ use crate::caps::std_of;
 use crate::ctx::{ensure, Ctx, Verdict};
 use crate::Capabilities;
 
-/// A grant lasts its TTL and no longer: halfway through it another token is turned
-/// away, and once the TTL (plus the service's expiry slack) has passed since the
-/// answer the key is `Free`, another token is granted it with a greater fence, and
-/// the old holder's renewal answers `NotOwner`.
+/// A grant lasts its TTL, no less and no longer, on the service's own time base: right
+/// after the grant, and again when the TTL less the
+/// [tolerance](Capabilities::tolerance) has passed since the request was sent,
+/// another token is turned away and told no less than the time left of the TTL (less
+/// tolerance and granularity); once the TTL (plus the service's expiry slack) has
+/// passed since the answer the key is `Free`, another token is granted it with a
+/// greater fence, and the old holder's renewal answers `NotOwner`.
 pub async fn the_ttl_is_hard<S: LocalLockService>(s: &S, caps: &Capabilities) -> Verdict {
     let ctx = Ctx::new(s, caps, "the_ttl_is_hard");
     let key = ctx.key("k");
@@ -19,15 +22,18 @@ pub async fn the_ttl_is_hard<S: LocalLockService>(s: &S, caps: &Capabilities) ->
     let sent = tokio::time::Instant::now();
     let fence = ctx.granted(&key, token, &me, ttl).await?;
     let answered = tokio::time::Instant::now();
+    ctx.refused_until(&key, &me, fence, ttl, sent, "right after the grant")
+        .await?;
     // Handled after `sent`, so held until at least sent + ttl.
-    ctx.sleep_until(sent + std_of(ttl) / 2).await;
-    ctx.held_by_another(
+    let before_the_end = std_of(ttl.saturating_sub(caps.tolerance));
+    ctx.sleep_until(sent + before_the_end).await;
+    ctx.refused_until(
         &key,
-        ctx.token(),
         &me,
         fence,
         ttl,
-        "halfway through the TTL",
+        sent,
+        "a tolerance before the TTL ends",
     )
     .await?;
     // Handled before `answered`, so gone by answered + ttl (+ the service's lag).

@@ -156,3 +156,60 @@ pub async fn a_renewal_replaces_the_expiry<S: LocalLockService>(
         ))),
     }
 }
+
+/// A renewal holds the key for the TTL it reports, on the service's own time base: a
+/// grant renewed halfway through its TTL, answered `Renewed { ttl: r }`, turns another
+/// token away right after the renewal and again when r less the
+/// [tolerance](Capabilities::tolerance) has passed since the renewal was sent — after
+/// the grant's own TTL ran out, so only the renewal can hold it — telling it no less
+/// than the time left of r; once r (plus the service's expiry slack) has passed since
+/// the renewal's answer, another token is granted the key with a greater fence. A
+/// renewal that applies less than it reports fails here.
+pub async fn a_renewal_holds_for_the_ttl_it_reports<S: LocalLockService>(
+    s: &S,
+    caps: &Capabilities,
+) -> Verdict {
+    let ctx = Ctx::new(s, caps, "a_renewal_holds_for_the_ttl_it_reports");
+    let key = ctx.key("k");
+    let (me, token) = (ctx.identity("holder"), ctx.token());
+    let ttl = ctx.ttl();
+    let granted = tokio::time::Instant::now();
+    let fence = ctx.granted(&key, token, &me, ttl).await?;
+    ctx.sleep_until(granted + std_of(ttl) / 2).await;
+    let sent = tokio::time::Instant::now();
+    let r = ctx
+        .renewed(&key, token, fence, ttl, "halfway through the TTL")
+        .await?;
+    let answered = tokio::time::Instant::now();
+    ctx.refused_until(&key, &me, fence, r, sent, "right after the renewal")
+        .await?;
+    ctx.sleep_until(sent + std_of(r.saturating_sub(caps.tolerance)))
+        .await;
+    ctx.refused_until(
+        &key,
+        &me,
+        fence,
+        r,
+        sent,
+        "a tolerance before the renewed TTL ends",
+    )
+    .await?;
+    ctx.sleep_until(answered + std_of(r.saturating_add(caps.expiry_slack)))
+        .await;
+    match ctx.acquire(&key, ctx.token(), &me, ttl).await? {
+        AcquireOutcome::Granted { fence: next, .. } => {
+            ensure!(
+                ctx,
+                next > fence,
+                "the grant after the renewed TTL ran out has {next}, not above {fence}"
+            );
+            Ok(())
+        }
+        other => Err(ctx.violation(format!(
+            "acquire by another token once the renewed TTL {:?} (+ slack {:?}) has passed \
+             since the renewal's answer: expected Granted, got {other:?}",
+            std_of(r),
+            std_of(caps.expiry_slack)
+        ))),
+    }
+}
