@@ -55,7 +55,7 @@ pub use election::{Candidates, Elected};
 pub use etcd::{EtcdCluster, Timing};
 pub use fenced::{check_fenced_history, Answer, FencePlan, HistoryCounts};
 pub use ports::free_port;
-pub use postgres::PostgresServer;
+pub use postgres::{PostgresOptions, PostgresServer};
 pub use proxy::{Proxy, ProxyMode};
 pub use redis::{RedisOptions, RedisServer, TlsFiles};
 pub use redis_cluster::{ClusterNode, RedisCluster};
