@@ -59,14 +59,18 @@ impl Statements {
                  quarantine_until TIMESTAMPTZ NOT NULL\n);"
             ),
             ensure_row: format!("INSERT INTO {t} (key) VALUES ($1) ON CONFLICT (key) DO NOTHING"),
-            // $1 key, $2 owner token, $3 identity, $4 TTL µs, $5 max_ttl µs.
+            // $1 key, $2 owner token, $3 identity, $4 TTL µs, $5 max_ttl µs. The row is
+            // locked first; the clock is read once, after the lock (a contender that
+            // waited for a lease-checked transaction judges the row at its own
+            // handling time, not at the time it started waiting).
             acquire: format!(
-                "WITH now AS MATERIALIZED (\n    \
-                 SELECT clock_timestamp() AS t, pg_postmaster_start_time() AS started\n\
+                "WITH locked AS MATERIALIZED (\n    \
+                 SELECT owner, fence, identity, expires_at FROM {t} WHERE key = $1 FOR UPDATE\n\
+                 ), now AS MATERIALIZED (\n    \
+                 SELECT clock_timestamp() AS t, pg_postmaster_start_time() AS started FROM locked\n\
                  ), cur AS MATERIALIZED (\n    \
-                 SELECT l.owner, l.fence, l.identity, l.expires_at,\n           \
-                 (l.owner IS NOT NULL AND l.expires_at > now.t) AS held\n    \
-                 FROM {t} l, now WHERE l.key = $1 FOR UPDATE OF l\n\
+                 SELECT locked.*, (owner IS NOT NULL AND expires_at > now.t) AS held\n    \
+                 FROM locked, now\n\
                  ), ep AS MATERIALIZED (\n    \
                  SELECT e.quarantine_until AS until FROM {e} e, now\n    \
                  WHERE e.id = 1 AND e.postmaster_start = now.started\n\
