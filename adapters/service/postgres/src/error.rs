@@ -305,7 +305,11 @@ fn classify(err: &tokio_postgres::Error, (table, epoch): (&str, &str)) -> (Error
             ErrorKind::Unsupported,
             format!("the key's fence counter is at 2^63 - 1, the largest BIGINT; {said}"),
         )
-    } else if *code == SqlState::READ_ONLY_SQL_TRANSACTION {
+    } else if *code == SqlState::READ_ONLY_SQL_TRANSACTION
+        || (*code == SqlState::FEATURE_NOT_SUPPORTED && db.message().contains("during recovery"))
+    {
+        // A hot standby refuses the lock (`FOR UPDATE`) or, first, the unlogged epoch
+        // table ("cannot access temporary or unlogged relations during recovery").
         (
             ErrorKind::Service,
             format!(

@@ -491,6 +491,9 @@ pub fn bin_dir() -> Result<PathBuf, MissingBinary> {
     search.extend(debian_bin_dirs(Path::new(DEBIAN_ROOT)));
     let path: OsString = std::env::join_paths(search).unwrap_or_default();
     let initdb = binary_in("initdb", PACKAGE, &path)?;
+    // A link on `PATH` (`/usr/local/bin/initdb`) leads to the directory that also has
+    // the other binaries (`pg_ctl`, `pg_basebackup`).
+    let initdb = std::fs::canonicalize(&initdb).unwrap_or(initdb);
     let dir = initdb.parent().map(Path::to_path_buf).unwrap_or_default();
     // `postgres` must be the one next to `initdb`: the same version.
     binary_in("postgres", PACKAGE, dir.as_os_str())?;
