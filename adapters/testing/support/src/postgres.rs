@@ -105,10 +105,22 @@ impl PostgresServer {
     ///
     /// When the base backup fails or the standby does not come up within 20 s.
     pub fn standby_of(primary: &PostgresServer, options: PostgresOptions) -> PostgresServer {
+        PostgresServer::standby_via(primary.port, options)
+    }
+
+    /// [`standby_of`](Self::standby_of) the primary reached at `port` on loopback:
+    /// a [`Proxy`](crate::Proxy)'s, so that its replication can be stalled or cut.
+    /// Call it from a blocking context (`block_in_place`) when the proxy runs on the
+    /// same runtime.
+    ///
+    /// # Panics
+    ///
+    /// As [`standby_of`](Self::standby_of).
+    pub fn standby_via(port: u16, options: PostgresOptions) -> PostgresServer {
         let mut server = PostgresServer::unstarted(options.set("cluster_name", "standby"));
         let output = server
             .command("pg_basebackup")
-            .args(["-h", "127.0.0.1", "-p", &primary.port.to_string()])
+            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
             .args([
                 "-U",
                 SUPERUSER,
