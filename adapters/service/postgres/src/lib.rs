@@ -12,8 +12,8 @@ mod sql;
 pub use error::{ErrorKind, Op, PostgresLockError};
 pub use guarded::LeaseTransaction;
 pub use service::{
-    Acquired, Builder, PostgresLockService, Released, Renewed, DEFAULT_MAX_TTL, DEFAULT_TABLE,
-    MAX_TTL_LIMIT,
+    Acquired, Builder, PostgresLockService, Released, Renewed, DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_MAX_TTL, DEFAULT_TABLE, MAX_TTL_LIMIT,
 };
 
 /// A random 128-bit owner identity from the operating system's RNG.

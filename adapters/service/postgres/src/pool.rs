@@ -3,14 +3,20 @@
 //!
 //! A request takes the connection with the fewest requests in flight, so one held up
 //! (an acquire waiting for a row lock that a lease-checked transaction holds, a
-//! connection stalled in the network) does not hold up the others. A connection whose
-//! request did not finish (it timed out, or its future was dropped) is dropped from
-//! its slot: the next request there connects afresh, and nothing that was sent on the
-//! old one can answer a later request. The requests still on it finish or time out
-//! on their own.
+//! connection stalled in the network) does not hold up the others.
+//!
+//! A connection is **stuck** when a request was sent on it more than the request
+//! timeout ago and nothing has been answered on it since (requests whose futures were
+//! dropped count as unanswered). The next request that picks a stuck connection drops
+//! it from its slot and connects afresh; the requests still on the old one finish or
+//! time out on their own, and nothing sent on it can answer a later request (each
+//! request waits for its own answer). A busy connection that answers slowly is not
+//! stuck: replacing connections under load would only add the cost of new backends
+//! to it.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use tokio_postgres::{Client, Config, NoTls};
 
@@ -18,6 +24,12 @@ use tokio_postgres::{Client, Config, NoTls};
 pub(crate) struct Pool {
     config: Config,
     slots: Vec<Slot>,
+    /// The permits to send: `max_in_flight` of them.
+    wire: tokio::sync::Semaphore,
+    /// The origin of the slots' instants.
+    origin: Instant,
+    /// The request timeout: how long a connection may leave requests unanswered.
+    patience: Duration,
 }
 
 struct Slot {
@@ -25,42 +37,82 @@ struct Slot {
     /// Serializes connecting, so a burst of requests makes one connection.
     connecting: tokio::sync::Mutex<()>,
     in_flight: AtomicUsize,
+    /// Since when (µs after the pool's origin, plus one) requests have been waiting
+    /// on this slot's connection with nothing answered; 0 when none waits.
+    unanswered_since: AtomicU64,
 }
 
-/// A request's hold on one slot: counts it in flight, and drops the slot's
-/// connection unless [`finish`](Self::finish) says the request ended cleanly.
+/// A request's hold on one slot: counts it in flight until dropped.
 pub(crate) struct Lease<'a> {
     slot: &'a Slot,
+    pool: &'a Pool,
     client: Option<Arc<Client>>,
-    clean: bool,
+    _permit: tokio::sync::SemaphorePermit<'a>,
 }
 
 impl Pool {
-    pub(crate) fn new(config: Config, size: usize) -> Pool {
+    pub(crate) fn new(
+        config: Config,
+        size: usize,
+        max_in_flight: usize,
+        patience: Duration,
+    ) -> Pool {
         Pool {
             config,
+            wire: tokio::sync::Semaphore::new(max_in_flight.max(1)),
             slots: (0..size.max(1))
                 .map(|_| Slot {
                     client: Mutex::new(None),
                     connecting: tokio::sync::Mutex::new(()),
                     in_flight: AtomicUsize::new(0),
+                    unanswered_since: AtomicU64::new(0),
                 })
                 .collect(),
+            origin: Instant::now(),
+            patience,
         }
     }
 
-    /// The slot with the fewest requests in flight (the first of those).
-    pub(crate) fn pick(&self) -> Lease<'_> {
+    /// Now, as a slot instant (never 0).
+    fn now(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_micros())
+            .unwrap_or(u64::MAX - 1)
+            .saturating_add(1)
+    }
+
+    /// Waits for a permit to send, then takes the slot with the fewest requests in
+    /// flight (the first of those); its connection dropped first if it is stuck.
+    pub(crate) async fn pick(&self) -> Lease<'_> {
+        let permit = self
+            .wire
+            .acquire()
+            .await
+            .unwrap_or_else(|_| unreachable!("the semaphore is never closed"));
         let slot = self
             .slots
             .iter()
             .min_by_key(|s| s.in_flight.load(Ordering::Relaxed))
             .unwrap_or_else(|| unreachable!("a pool has at least one slot"));
-        slot.in_flight.fetch_add(1, Ordering::Relaxed);
+        let now = self.now();
+        let since = slot.unanswered_since.load(Ordering::Acquire);
+        let patience = u64::try_from(self.patience.as_micros()).unwrap_or(u64::MAX);
+        if since != 0 && now.saturating_sub(since) >= patience {
+            tracing::debug!(
+                "a PostgreSQL connection answered nothing for {:?}: replaced",
+                self.patience
+            );
+            *slot.client.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            slot.unanswered_since.store(0, Ordering::Release);
+        }
+        slot.in_flight.fetch_add(1, Ordering::AcqRel);
+        let _ = slot
+            .unanswered_since
+            .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire);
         Lease {
             slot,
+            pool: self,
             client: None,
-            clean: false,
+            _permit: permit,
         }
     }
 
@@ -118,20 +170,17 @@ impl Lease<'_> {
         Ok(client)
     }
 
-    /// The request ended with an answer (or an error that left the connection as it
-    /// was): keep the connection unless it closed.
-    pub(crate) fn finish(mut self) {
-        self.clean = self.client.as_ref().is_none_or(|c| !c.is_closed());
-    }
-}
-
-impl Drop for Lease<'_> {
-    fn drop(&mut self) {
-        self.slot.in_flight.fetch_sub(1, Ordering::Relaxed);
-        if self.clean {
-            return;
-        }
-        if let Some(mine) = &self.client {
+    /// The request was answered (or failed on its own, connecting included): the
+    /// slot made progress. A connection that closed is dropped from the slot.
+    pub(crate) fn answered(self) {
+        let left = self
+            .slot
+            .in_flight
+            .load(Ordering::Acquire)
+            .saturating_sub(1);
+        let next = if left == 0 { 0 } else { self.pool.now() };
+        self.slot.unanswered_since.store(next, Ordering::Release);
+        if let Some(mine) = self.client.as_ref().filter(|c| c.is_closed()) {
             let mut held = self
                 .slot
                 .client
@@ -141,5 +190,11 @@ impl Drop for Lease<'_> {
                 *held = None;
             }
         }
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        self.slot.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }

@@ -30,6 +30,9 @@ pub const MAX_TTL_LIMIT: std::time::Duration = std::time::Duration::from_micros(
 const DEFAULT_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 const DEFAULT_CONNECTIONS: usize = 4;
 
+/// The default bound on requests on the wire at once ([`Builder::max_in_flight`]).
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 32;
+
 /// A lock service on PostgreSQL: one row per key in a lease table, every request one
 /// statement timed on the server's clock. See the [crate docs](crate).
 ///
@@ -114,6 +117,7 @@ pub struct Builder {
     table: String,
     request_timeout: std::time::Duration,
     connections: usize,
+    max_in_flight: usize,
     max_ttl: std::time::Duration,
     create_tables: bool,
 }
@@ -127,8 +131,8 @@ impl Builder {
         self
     }
 
-    /// Bound on each request, connecting included (default 2 s). A connection whose
-    /// request runs out of time is dropped.
+    /// Bound on each request, connecting included (default 2 s). A connection that
+    /// answered nothing for this long while requests wait on it is replaced.
     pub fn request_timeout(mut self, timeout: std::time::Duration) -> Self {
         self.request_timeout = timeout;
         self
@@ -138,6 +142,16 @@ impl Builder {
     /// them (pipelined); each goes to the one with the fewest in flight.
     pub fn connections(mut self, n: usize) -> Self {
         self.connections = n.max(1);
+        self
+    }
+
+    /// At most this many requests on the wire at once, over all connections (default
+    /// [`DEFAULT_MAX_IN_FLIGHT`], 32); the others wait in the client, and one given up
+    /// while it waits (its future dropped) is never sent. PostgreSQL carries out every
+    /// statement it receives, whether its answer is still awaited or not: the bound
+    /// keeps an overload from filling the connections with work nobody waits for.
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = n.max(1);
         self
     }
 
@@ -207,7 +221,12 @@ impl Builder {
         }
         Ok(PostgresLockService {
             shared: Arc::new(Shared {
-                pool: Pool::new(config, self.connections),
+                pool: Pool::new(
+                    config,
+                    self.connections,
+                    self.max_in_flight,
+                    self.request_timeout,
+                ),
                 sql: Statements::new(&table),
                 server,
                 request_timeout: self.request_timeout,
@@ -294,6 +313,7 @@ impl PostgresLockService {
             table: DEFAULT_TABLE.to_owned(),
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connections: DEFAULT_CONNECTIONS,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             max_ttl: DEFAULT_MAX_TTL,
             create_tables: false,
         }
@@ -651,22 +671,27 @@ impl PostgresLockService {
         Fut: Future<Output = Result<T, tokio_postgres::Error>>,
     {
         let pool = &self.shared.pool;
-        let mut lease = pool.pick();
         let after = self.shared.request_timeout;
+        let mut taken = None;
         let attempt = async {
+            let lease = taken.insert(pool.pick().await);
             let client = lease.client(pool).await?;
             request(client).await
         };
         match tokio::time::timeout(after, attempt).await {
-            Err(_) => Err(self.error(op, ErrorKind::Timeout(after), key).because(
-                "the connection was dropped; is PostgreSQL overloaded, paused, or cut off?",
-            )),
+            Err(_) => Err(self
+                .error(op, ErrorKind::Timeout(after), key)
+                .because("is PostgreSQL overloaded, paused, or cut off?")),
             Ok(Err(err)) => {
-                lease.finish();
+                if let Some(lease) = taken {
+                    lease.answered();
+                }
                 Err(self.client_error(op, key, err))
             }
             Ok(Ok(answer)) => {
-                lease.finish();
+                if let Some(lease) = taken {
+                    lease.answered();
+                }
                 Ok(answer)
             }
         }

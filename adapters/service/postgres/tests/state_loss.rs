@@ -282,7 +282,7 @@ fn kill_9_restart_never_lets_two_holders_pass_check() {
         );
         assert!(outcome.samples > 1_000, "{} samples", outcome.samples);
         assert!(
-            waited >= std_ms(TTL_MS) && waited <= std_ms(TTL_MS + 600),
+            waited >= std_ms(TTL_MS) && waited <= std_ms(TTL_MS + 1_000),
             "the quarantine lasted {waited:?}, configured {TTL_MS} ms"
         );
     });

@@ -237,11 +237,11 @@ impl PostgresServer {
         if let Some(mut child) = self.child.take() {
             let children = children_of(child.id());
             let _ = child.kill();
-            for pid in children {
+            for &pid in &children {
                 let _ = kill(pid, Signal::SIGKILL);
             }
             let _ = child.wait();
-            self.wait_children_gone(child.id());
+            wait_gone(&children);
         }
     }
 
@@ -318,15 +318,6 @@ impl PostgresServer {
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
         );
-    }
-
-    /// Waits until no process whose parent was `pid` is left (killed backends exit
-    /// on their own; a restart needs their shared memory released).
-    fn wait_children_gone(&self, pid: u32) {
-        let give_up = Instant::now() + READY_WITHIN;
-        while !children_of(pid).is_empty() && Instant::now() < give_up {
-            std::thread::sleep(Duration::from_millis(5));
-        }
     }
 
     /// Stops the server if it runs, then starts it again on the same port and data
@@ -462,6 +453,22 @@ impl Drop for PostgresServer {
             }
             end_and_reap(child, Signal::SIGQUIT, "postgres");
         }
+    }
+}
+
+/// Waits until every process of `pids` has exited (gone, or a zombie waiting for
+/// init): a restart needs the killed backends' shared memory released, and once the
+/// postmaster is dead they are no longer its children.
+fn wait_gone(pids: &[Pid]) {
+    let give_up = Instant::now() + READY_WITHIN;
+    let alive = |pid: &Pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+        })
+    };
+    while pids.iter().any(alive) && Instant::now() < give_up {
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
