@@ -11,10 +11,11 @@
 //! therefore committed while nobody else held the lease, with no fence column in the
 //! data.
 //!
-//! What is left of the lease bounds the transaction: `statement_timeout` and
-//! `idle_in_transaction_session_timeout` are set (`SET LOCAL`, through `set_config`)
-//! to it, so a holder that stalls inside the transaction (paused, cut off) frees the
-//! row when its lease would have expired, and PostgreSQL ends its session.
+//! What is left of the lease bounds the transaction: `statement_timeout` is set
+//! (`SET LOCAL`, through `set_config`) to it and `idle_in_transaction_session_timeout`
+//! to a second more, so a holder that stalls inside the transaction (paused, cut off)
+//! frees the row a second after its lease would have expired, when PostgreSQL ends its
+//! session; one that comes back before that is refused cleanly at its commit.
 
 use std::ops::Deref;
 

@@ -13,6 +13,10 @@ use leasehold_storage::TableName;
 /// PostgreSQL truncates identifiers at 63 bytes.
 pub(crate) const MAX_TABLE_NAME: usize = 57;
 
+/// How much longer than what is left of its lease a lease-checked transaction may sit
+/// idle before PostgreSQL ends its session.
+pub(crate) const GUARD_IDLE_GRACE_MS: u64 = 1_000;
+
 /// A duration in whole microseconds, rounded up, from an interval expression.
 fn micros(interval: &str) -> String {
     format!("ceil(extract(epoch FROM {interval}) * 1000000)::bigint")
@@ -136,11 +140,13 @@ impl Statements {
             ),
             // $1 key, $2 owner token, $3 fence. `FOR SHARE`: contenders' acquires and
             // renewals (updates) wait for the transaction; the holder's other
-            // lease-checked transactions do not. The statement and idle timeouts are
-            // set to what is left of the lease, so a stalled holder frees the row then.
+            // lease-checked transactions do not. The statement timeout is what is left
+            // of the lease, the idle timeout a second more (a holder that comes back
+            // just after its lease ended gets a clean refusal at its commit, not a
+            // closed connection), so a stalled holder frees the row by then.
             guard_begin: format!(
                 "SELECT fence, set_config('statement_timeout', left_ms::text, true),\n    \
-                 set_config('idle_in_transaction_session_timeout', left_ms::text, true)\n\
+                 set_config('idle_in_transaction_session_timeout', (left_ms + {GUARD_IDLE_GRACE_MS})::text, true)\n\
                  FROM (SELECT fence, greatest(1, ceil(extract(epoch FROM expires_at - \
                  clock_timestamp()) * 1000))::bigint AS left_ms\n    \
                  FROM {t} WHERE key = $1 AND owner = $2 AND fence = $3\n    \

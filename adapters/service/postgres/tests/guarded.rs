@@ -182,10 +182,10 @@ fn a_holder_paused_between_check_and_its_transaction_writes_nothing() {
 }
 
 /// A holder that stalls inside its transaction does not keep the key forever: the
-/// transaction's idle timeout is what was left of the lease, after which PostgreSQL
-/// ends the session, frees the row, and a contender is granted the key.
+/// transaction's idle timeout is what was left of the lease and a second, after which
+/// PostgreSQL ends the session, frees the row, and a contender is granted the key.
 #[test]
-fn a_holder_stalled_inside_its_transaction_frees_the_row_when_its_lease_ends() {
+fn a_holder_stalled_inside_its_transaction_frees_the_row_a_second_after_its_lease_ends() {
     let server = PostgresServer::start();
     runtime().block_on(async {
         let service = fresh_service(&server).await;
