@@ -2,14 +2,16 @@
 //! the caller's, checked inside the same transaction.
 //!
 //! [`PostgresLockService::begin_under_lease`] opens a transaction on the caller's own
-//! connection and, first thing, takes a `FOR SHARE` lock on the lease row, provided it
-//! holds the caller's owner token and fence and has not expired on the server's clock.
-//! A contender's acquire (an `UPDATE` of that row) then waits until the transaction
-//! ends; so does a renewal. [`LeaseTransaction::commit`] checks the row once more
-//! (still the caller's, unexpired: only time can have changed, since the row is
-//! locked) and commits; otherwise it rolls back. A write committed through it was
-//! therefore committed while nobody else held the lease, with no fence column in the
-//! data.
+//! connection and, first thing, takes a `FOR KEY SHARE` lock on the lease row,
+//! provided it holds the caller's owner token and fence and has not expired on the
+//! server's clock. A contender's acquire starts with `SELECT … FOR UPDATE` of that row,
+//! which conflicts with it: the acquire waits until the transaction ends. The holder's
+//! own renewals (an `UPDATE` of a non-key column, `FOR NO KEY UPDATE`) do not conflict
+//! and go on. [`LeaseTransaction::commit`] checks the row once more (still the
+//! caller's, unexpired on the server's clock: nobody else can have taken it, only time
+//! can have passed or the holder renewed or released it) and commits; otherwise it
+//! rolls back. A write committed through it was therefore committed while nobody else
+//! held the lease, with no fence column in the data.
 //!
 //! What is left of the lease bounds the transaction: `statement_timeout` is set
 //! (`SET LOCAL`, through `set_config`) to it and `idle_in_transaction_session_timeout`
@@ -57,8 +59,9 @@ impl PostgresLockService {
     /// on the server's clock; with `Timeout` after the request timeout (a contender's
     /// acquire in flight holds the row briefly).
     ///
-    /// Keep the transaction short: the holder's renewals wait for it too (at most
-    /// until what was left of the lease at its start, when PostgreSQL cancels it).
+    /// Contenders wait for the transaction; the holder's renewals do not. It is
+    /// bounded by what was left of the lease at its start (a statement running past
+    /// it is cancelled by PostgreSQL, an idle transaction ended a second later).
     pub async fn begin_under_lease<'a>(
         &self,
         client: &'a mut Client,

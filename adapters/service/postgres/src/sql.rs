@@ -138,9 +138,9 @@ impl Statements {
                 "SELECT key, owner, fence, identity, expires_at FROM {t} WHERE false\n\
                  UNION ALL SELECT NULL, NULL, NULL, NULL, quarantine_until FROM {e} WHERE false"
             ),
-            // $1 key, $2 owner token, $3 fence. `FOR SHARE`: contenders' acquires and
-            // renewals (updates) wait for the transaction; the holder's other
-            // lease-checked transactions do not. The statement timeout is what is left
+            // $1 key, $2 owner token, $3 fence. `FOR KEY SHARE`: contenders' acquires
+            // (`FOR UPDATE`) wait for the transaction; the holder's renewals (`FOR NO
+            // KEY UPDATE`) and its other lease-checked transactions do not. The statement timeout is what is left
             // of the lease, the idle timeout a second more (a holder that comes back
             // just after its lease ended gets a clean refusal at its commit, not a
             // closed connection), so a stalled holder frees the row by then.
@@ -150,7 +150,7 @@ impl Statements {
                  FROM (SELECT fence, greatest(1, ceil(extract(epoch FROM expires_at - \
                  clock_timestamp()) * 1000))::bigint AS left_ms\n    \
                  FROM {t} WHERE key = $1 AND owner = $2 AND fence = $3\n    \
-                 AND expires_at > clock_timestamp() FOR SHARE) AS held"
+                 AND expires_at > clock_timestamp() FOR KEY SHARE) AS held"
             ),
             guard_check: format!(
                 "SELECT fence FROM {t}\n\

@@ -228,3 +228,70 @@ fn a_holder_stalled_inside_its_transaction_frees_the_row_a_second_after_its_leas
         assert_eq!(stored(&observer).await, None);
     });
 }
+
+/// The holder's own renewals go on while its lease-checked transaction is open (they
+/// do not conflict with its `FOR KEY SHARE`), while a contender's acquire waits; a
+/// release by the holder meanwhile makes the commit refuse.
+#[test]
+fn renewals_go_on_during_a_lease_checked_transaction_and_a_release_refuses_its_commit() {
+    let server = PostgresServer::start();
+    runtime().block_on(async {
+        let service = fresh_service(&server).await;
+        let observer = raw(server.port()).await;
+        observer.batch_execute(DATA).await.unwrap();
+        let Acquired::Granted { fence, .. } = service
+            .try_acquire("orders", token(1), &id("holder"), ms(2_000))
+            .await
+            .unwrap()
+        else {
+            panic!("free")
+        };
+        let mut data = service.dedicated_connection().await.unwrap();
+        let tx = service
+            .begin_under_lease(&mut data, "orders", token(1), fence)
+            .await
+            .unwrap();
+        let contender = tokio::spawn({
+            let service = service.clone();
+            async move {
+                service
+                    .try_acquire("orders", token(2), &id("contender"), ms(2_000))
+                    .await
+            }
+        });
+        wait_for("the contender to wait for the row", std_ms(3_000), || {
+            someone_waits_for_a_lock(&observer)
+        })
+        .await;
+        let asked = std::time::Instant::now();
+        assert_eq!(
+            service
+                .try_renew("orders", token(1), fence, ms(2_000))
+                .await
+                .unwrap(),
+            leasehold_postgres::Renewed::Extended { ttl: ms(2_000) }
+        );
+        assert!(asked.elapsed() < std_ms(500), "the renewal did not wait");
+        tx.execute("INSERT INTO orders VALUES (1, 'renewed')", &[])
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(stored(&observer).await.as_deref(), Some("renewed"));
+        match contender.await.unwrap().unwrap() {
+            Acquired::HeldByAnother(holder) => assert_eq!(holder.fence, fence),
+            other => panic!("{other:?}"),
+        }
+
+        let tx = service
+            .begin_under_lease(&mut data, "orders", token(1), fence)
+            .await
+            .unwrap();
+        tx.execute("UPDATE orders SET v = 'after release' WHERE id = 1", &[])
+            .await
+            .unwrap();
+        service.try_release("orders", token(1)).await.unwrap();
+        let refused = tx.commit().await.expect_err("released before the commit");
+        assert_eq!(refused.kind(), ErrorKind::NotHeld);
+        assert_eq!(stored(&observer).await.as_deref(), Some("renewed"));
+    });
+}
