@@ -5,6 +5,8 @@
 //! * **leasehold-postgres**: `LockService::renew`, the call the driver makes (its
 //!   pool: 4 connections, at most 32 requests on the wire, one unnamed statement per
 //!   renewal);
+//! * **leasehold-postgres, prepared**: the same with
+//!   `Builder::prepared_statements(true)` (direct connections only);
 //! * **raw, prepared**: 4 `tokio-postgres` connections, the same `UPDATE` prepared
 //!   once per connection, renewals pipelined with no bound (what a hand-written loop
 //!   on a direct connection does; a transaction-mode pooler cannot keep the prepared
@@ -60,6 +62,7 @@ const WRITERS: usize = 8;
 #[derive(Clone, Copy)]
 enum Way {
     Ours,
+    OursPrepared,
     RawPrepared,
     RawUnnamed,
 }
@@ -104,6 +107,13 @@ fn main() {
             .await
             .expect("connect");
         service.mark_data_set_new().await.unwrap();
+        let prepared_service = PostgresLockService::builder(url_on(server.port()))
+            .max_ttl(StdDuration::from_millis(TTL_MS))
+            .request_timeout(StdDuration::from_secs(10))
+            .prepared_statements(true)
+            .connect()
+            .await
+            .expect("connect");
         let mut raws = Vec::new();
         for _ in 0..RAW_CONNECTIONS {
             let client = raw(server.port()).await;
@@ -120,13 +130,22 @@ fn main() {
         for k in KS {
             grow(&service, token, &mut grants, k).await;
             let grants = &grants[..k];
-            let mut rates: [Vec<f64>; 3] = Default::default();
+            let mut rates: [Vec<f64>; 4] = Default::default();
             for _ in 0..settings.rounds {
-                for (i, way) in [Way::Ours, Way::RawPrepared, Way::RawUnnamed]
-                    .into_iter()
-                    .enumerate()
+                for (i, way) in [
+                    Way::Ours,
+                    Way::OursPrepared,
+                    Way::RawPrepared,
+                    Way::RawUnnamed,
+                ]
+                .into_iter()
+                .enumerate()
                 {
-                    let rate = rate(&settings, &service, &raws, token, grants, way).await;
+                    let service = match way {
+                        Way::OursPrepared => &prepared_service,
+                        _ => &service,
+                    };
+                    let rate = rate(&settings, service, &raws, token, grants, way).await;
                     rates[i].push(rate);
                 }
             }
@@ -166,19 +185,21 @@ fn main() {
     println!();
     println!("load average {}", load_average());
     println!(
-        "| leases K | leasehold-postgres renew/s | raw prepared/s | raw unnamed/s | \
-         ours ÷ raw prepared (median; per round) | ours ÷ raw unnamed (median; per round) |"
+        "| leases K | leasehold-postgres renew/s | raw unnamed/s | ours ÷ raw unnamed \
+         (median; per round) | leasehold-postgres prepared renew/s | raw prepared/s | ours \
+         prepared ÷ raw prepared (median; per round) |"
     );
-    println!("|---:|---:|---:|---:|---|---|");
-    for (k, [ours, prepared, unnamed]) in &renewals {
-        let (vs_prepared, vs_prepared_each) = ratios(ours, prepared);
+    println!("|---:|---:|---:|---|---:|---:|---|");
+    for (k, [ours, ours_prepared, prepared, unnamed]) in &renewals {
         let (vs_unnamed, vs_unnamed_each) = ratios(ours, unnamed);
+        let (vs_prepared, vs_prepared_each) = ratios(ours_prepared, prepared);
         println!(
-            "| {k} | {:.0} | {:.0} | {:.0} | {vs_prepared:.2}; {vs_prepared_each} | \
-             {vs_unnamed:.2}; {vs_unnamed_each} |",
+            "| {k} | {:.0} | {:.0} | {vs_unnamed:.2}; {vs_unnamed_each} | {:.0} | {:.0} | \
+             {vs_prepared:.2}; {vs_prepared_each} |",
             median(ours),
-            median(prepared),
             median(unnamed),
+            median(ours_prepared),
+            median(prepared),
         );
     }
     let [plain, guarded] = &transactions;
@@ -284,7 +305,7 @@ async fn rate(
                 let (fence_sql, ttl_us) = (fence.0 as i64, (TTL_MS * 1_000) as i64);
                 while StdInstant::now() < end {
                     match way {
-                        Way::Ours => {
+                        Way::Ours | Way::OursPrepared => {
                             let outcome =
                                 LockService::renew(&service, &key, token, fence, ttl).await;
                             assert!(

@@ -18,7 +18,45 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Config, NoTls, Row, Statement};
+
+/// One connection, and the statements prepared on it (with
+/// `Builder::prepared_statements`), each prepared on first use.
+pub(crate) struct Conn {
+    pub(crate) client: Client,
+    prepared: [tokio::sync::OnceCell<Statement>; 2],
+}
+
+/// The statements that may be prepared: the hot ones.
+#[derive(Clone, Copy)]
+pub(crate) enum Hot {
+    Acquire = 0,
+    Renew = 1,
+}
+
+impl Conn {
+    /// Runs `sql` with `params` (each with its type): prepared on this connection
+    /// (once, then by name) when `prepared` names it, else as the unnamed statement.
+    pub(crate) async fn query(
+        &self,
+        prepared: Option<Hot>,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        let Some(hot) = prepared else {
+            return self.client.query_typed(sql, params).await;
+        };
+        let statement = self.prepared[hot as usize]
+            .get_or_try_init(|| {
+                let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+                async move { self.client.prepare_typed(sql, &types).await }
+            })
+            .await?;
+        let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+        self.client.query(statement, &values).await
+    }
+}
 
 /// The connections of one service.
 pub(crate) struct Pool {
@@ -33,7 +71,7 @@ pub(crate) struct Pool {
 }
 
 struct Slot {
-    client: Mutex<Option<Arc<Client>>>,
+    client: Mutex<Option<Arc<Conn>>>,
     /// Serializes connecting, so a burst of requests makes one connection.
     connecting: tokio::sync::Mutex<()>,
     in_flight: AtomicUsize,
@@ -46,7 +84,7 @@ struct Slot {
 pub(crate) struct Lease<'a> {
     slot: &'a Slot,
     pool: &'a Pool,
-    client: Option<Arc<Client>>,
+    client: Option<Arc<Conn>>,
     _permit: tokio::sync::SemaphorePermit<'a>,
 }
 
@@ -120,7 +158,7 @@ impl Pool {
     pub(crate) fn open(&self) -> usize {
         self.slots
             .iter()
-            .filter(|s| s.current().is_some_and(|c| !c.is_closed()))
+            .filter(|s| s.current().is_some_and(|c| !c.client.is_closed()))
             .count()
     }
 
@@ -137,7 +175,7 @@ impl Pool {
 }
 
 impl Slot {
-    fn current(&self) -> Option<Arc<Client>> {
+    fn current(&self) -> Option<Arc<Conn>> {
         self.client
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -147,27 +185,27 @@ impl Slot {
 
 impl Lease<'_> {
     /// The slot's connection, connected first if it has none (or a closed one).
-    pub(crate) async fn client(
-        &mut self,
-        pool: &Pool,
-    ) -> Result<Arc<Client>, tokio_postgres::Error> {
-        if let Some(client) = self.slot.current().filter(|c| !c.is_closed()) {
-            self.client = Some(Arc::clone(&client));
-            return Ok(client);
+    pub(crate) async fn client(&mut self, pool: &Pool) -> Result<Arc<Conn>, tokio_postgres::Error> {
+        if let Some(conn) = self.slot.current().filter(|c| !c.client.is_closed()) {
+            self.client = Some(Arc::clone(&conn));
+            return Ok(conn);
         }
         let _one = self.slot.connecting.lock().await;
-        if let Some(client) = self.slot.current().filter(|c| !c.is_closed()) {
-            self.client = Some(Arc::clone(&client));
-            return Ok(client);
+        if let Some(conn) = self.slot.current().filter(|c| !c.client.is_closed()) {
+            self.client = Some(Arc::clone(&conn));
+            return Ok(conn);
         }
-        let client = Arc::new(pool.connect().await?);
+        let conn = Arc::new(Conn {
+            client: pool.connect().await?,
+            prepared: Default::default(),
+        });
         *self
             .slot
             .client
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&client));
-        self.client = Some(Arc::clone(&client));
-        Ok(client)
+            .unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&conn));
+        self.client = Some(Arc::clone(&conn));
+        Ok(conn)
     }
 
     /// The request was answered (or failed on its own, connecting included): the
@@ -180,7 +218,7 @@ impl Lease<'_> {
             .saturating_sub(1);
         let next = if left == 0 { 0 } else { self.pool.now() };
         self.slot.unanswered_since.store(next, Ordering::Release);
-        if let Some(mine) = self.client.as_ref().filter(|c| c.is_closed()) {
+        if let Some(mine) = self.client.as_ref().filter(|c| c.client.is_closed()) {
             let mut held = self
                 .slot
                 .client

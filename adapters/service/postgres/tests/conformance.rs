@@ -17,3 +17,17 @@ async fn postgres_keeps_the_contract() {
     // exactly (a row is held while `expires_at > clock_timestamp()`): no slack.
     run_all(&service, &Capabilities::new(Duration::from_millis(300))).await;
 }
+
+/// The same with acquires and renewals as statements prepared per connection
+/// (`Builder::prepared_statements`, for direct connections).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_keeps_the_contract_with_prepared_statements() {
+    let server = PostgresServer::start();
+    fresh_service(&server).await;
+    let service = PostgresLockService::builder(url_on(server.port()))
+        .prepared_statements(true)
+        .connect()
+        .await
+        .unwrap();
+    run_all(&service, &Capabilities::new(Duration::from_millis(300))).await;
+}
