@@ -27,7 +27,7 @@ async fn on_either(primary: u16, standby: u16, max_ttl: StdDuration) -> Postgres
     PostgresLockService::builder(format!(
         "postgres://postgres@127.0.0.1:{primary},127.0.0.1:{standby}/postgres?target_session_attrs=read-write"
     ))
-    .request_timeout(std_ms(300))
+    .request_timeout(std_ms(1_000))
     .max_ttl(max_ttl)
     .connect()
     .await

@@ -140,8 +140,7 @@ fn a_holder_paused_between_check_and_its_transaction_writes_nothing() {
         let through_proxy = Arc::new(
             PostgresLockService::builder(url_on(proxy.port()))
                 .request_timeout(std_ms(200))
-                .connect()
-                .await
+                .connect_lazily()
                 .unwrap(),
         );
         let observer = raw(server.port()).await;

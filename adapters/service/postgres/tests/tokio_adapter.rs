@@ -15,11 +15,12 @@ use leasehold_tokio::{supervise, LeaseSet, SuperviseEnd, SuperviseOptions, Term}
 
 const TTL_MS: u64 = 1_000;
 
+/// A service on `port` with a 200 ms request timeout; it connects on first use (the
+/// leases retry while a loaded machine is slow to connect).
 async fn service_on(port: u16) -> PostgresLockService {
     PostgresLockService::builder(url_on(port))
         .request_timeout(std_ms(200))
-        .connect()
-        .await
+        .connect_lazily()
         .unwrap()
 }
 
