@@ -60,8 +60,8 @@ impl Conn {
 
 /// The connections of one service.
 pub(crate) struct Pool {
-    config: Config,
-    slots: Vec<Slot>,
+    config: Arc<Config>,
+    slots: Vec<Arc<Slot>>,
     /// The permits to send: `max_in_flight` of them.
     wire: tokio::sync::Semaphore,
     /// The origin of the slots' instants.
@@ -82,7 +82,7 @@ struct Slot {
 
 /// A request's hold on one slot: counts it in flight until dropped.
 pub(crate) struct Lease<'a> {
-    slot: &'a Slot,
+    slot: &'a Arc<Slot>,
     pool: &'a Pool,
     client: Option<Arc<Conn>>,
     _permit: tokio::sync::SemaphorePermit<'a>,
@@ -96,14 +96,16 @@ impl Pool {
         patience: Duration,
     ) -> Pool {
         Pool {
-            config,
+            config: Arc::new(config),
             wire: tokio::sync::Semaphore::new(max_in_flight.max(1)),
             slots: (0..size.max(1))
-                .map(|_| Slot {
-                    client: Mutex::new(None),
-                    connecting: tokio::sync::Mutex::new(()),
-                    in_flight: AtomicUsize::new(0),
-                    unanswered_since: AtomicU64::new(0),
+                .map(|_| {
+                    Arc::new(Slot {
+                        client: Mutex::new(None),
+                        connecting: tokio::sync::Mutex::new(()),
+                        in_flight: AtomicUsize::new(0),
+                        unanswered_since: AtomicU64::new(0),
+                    })
                 })
                 .collect(),
             origin: Instant::now(),
@@ -164,14 +166,28 @@ impl Pool {
 
     /// A connection of our own, outside the slots (the caller bounds the wait).
     pub(crate) async fn connect(&self) -> Result<Client, tokio_postgres::Error> {
-        let (client, connection) = self.config.connect(NoTls).await?;
-        tokio::spawn(async move {
-            if let Err(err) = connection.await {
-                tracing::debug!(error = %err, "PostgreSQL connection ended");
-            }
-        });
-        Ok(client)
+        connect(&self.config).await
     }
+}
+
+/// A connection with `config`, its task spawned (the caller bounds the wait).
+async fn connect(config: &Config) -> Result<Client, tokio_postgres::Error> {
+    let (client, connection) = config.connect(NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(err) = connection.await {
+            tracing::debug!(error = %err, "PostgreSQL connection ended");
+        }
+    });
+    Ok(client)
+}
+
+/// Why a slot has no connection to give.
+pub(crate) enum NoConnection {
+    /// Connecting failed.
+    Failed(tokio_postgres::Error),
+    /// Connecting took longer than the request timeout (or its task was cancelled,
+    /// as the runtime shut down).
+    TimedOut,
 }
 
 impl Slot {
@@ -185,25 +201,38 @@ impl Slot {
 
 impl Lease<'_> {
     /// The slot's connection, connected first if it has none (or a closed one).
-    pub(crate) async fn client(&mut self, pool: &Pool) -> Result<Arc<Conn>, tokio_postgres::Error> {
+    ///
+    /// Connecting runs in a task of its own, bounded by the request timeout: a
+    /// request given up while it waits (a lease's own timeout is often shorter than a
+    /// new connection takes on a loaded machine, or across a failover) leaves the
+    /// connection being made to the next request, instead of abandoning it and
+    /// starting over each time.
+    pub(crate) async fn client(&mut self, pool: &Pool) -> Result<Arc<Conn>, NoConnection> {
         if let Some(conn) = self.slot.current().filter(|c| !c.client.is_closed()) {
             self.client = Some(Arc::clone(&conn));
             return Ok(conn);
         }
-        let _one = self.slot.connecting.lock().await;
-        if let Some(conn) = self.slot.current().filter(|c| !c.client.is_closed()) {
-            self.client = Some(Arc::clone(&conn));
-            return Ok(conn);
-        }
-        let conn = Arc::new(Conn {
-            client: pool.connect().await?,
-            prepared: Default::default(),
+        let slot = Arc::clone(self.slot);
+        let config = Arc::clone(&pool.config);
+        let bound = pool.patience;
+        let connecting = tokio::spawn(async move {
+            let _one = slot.connecting.lock().await;
+            if let Some(conn) = slot.current().filter(|c| !c.client.is_closed()) {
+                return Ok(conn);
+            }
+            let client = match tokio::time::timeout(bound, connect(&config)).await {
+                Err(_) => return Err(NoConnection::TimedOut),
+                Ok(Err(err)) => return Err(NoConnection::Failed(err)),
+                Ok(Ok(client)) => client,
+            };
+            let conn = Arc::new(Conn {
+                client,
+                prepared: Default::default(),
+            });
+            *slot.client.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&conn));
+            Ok(conn)
         });
-        *self
-            .slot
-            .client
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&conn));
+        let conn = connecting.await.map_err(|_| NoConnection::TimedOut)??;
         self.client = Some(Arc::clone(&conn));
         Ok(conn)
     }

@@ -12,7 +12,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Row};
 
 use crate::error::{ErrorKind, Op, PostgresLockError};
-use crate::pool::{Conn, Hot, Pool};
+use crate::pool::{Conn, Hot, NoConnection, Pool};
 use crate::sql::{Statements, MAX_TABLE_NAME};
 
 /// The default lease table (its epoch table is `leasehold_leases_epoch`).
@@ -698,14 +698,16 @@ impl PostgresLockService {
         let mut taken = None;
         let attempt = async {
             let lease = taken.insert(pool.pick().await);
-            let client = lease.client(pool).await?;
-            request(client).await
+            let conn = lease.client(pool).await?;
+            request(conn).await.map_err(NoConnection::Failed)
+        };
+        let timeout = || {
+            self.error(op, ErrorKind::Timeout(after), key)
+                .because("is PostgreSQL overloaded, paused, or cut off?")
         };
         match tokio::time::timeout(after, attempt).await {
-            Err(_) => Err(self
-                .error(op, ErrorKind::Timeout(after), key)
-                .because("is PostgreSQL overloaded, paused, or cut off?")),
-            Ok(Err(err)) => {
+            Err(_) | Ok(Err(NoConnection::TimedOut)) => Err(timeout()),
+            Ok(Err(NoConnection::Failed(err))) => {
                 if let Some(lease) = taken {
                     lease.answered();
                 }

@@ -22,6 +22,14 @@ use leasehold::Identity;
 use leasehold_postgres::{Acquired, PostgresLockService};
 use leasehold_test_support::{Contest, PostgresOptions};
 
+/// The standby's settings: after its primary died, a standby's startup process retries
+/// the WAL stream every `wal_retrieve_retry_interval` (5 s by default) and may notice
+/// a promotion only then (seen here: a promotion that took 5 s, longer than the
+/// lease); 100 ms makes a failover prompt.
+fn quick_promotion() -> PostgresOptions {
+    PostgresOptions::default().set("wal_retrieve_retry_interval", "100ms")
+}
+
 /// A service on whichever of the two servers is the primary.
 async fn on_either(primary: u16, standby: u16, max_ttl: StdDuration) -> PostgresLockService {
     PostgresLockService::builder(format!(
@@ -64,9 +72,8 @@ fn with_a_synchronous_standby_a_grant_survives_the_promotion() {
         setup.mark_data_set_new().await.unwrap();
         let p = raw(primary.port()).await;
         p.batch_execute("CHECKPOINT").await.unwrap();
-        let standby = tokio::task::block_in_place(|| {
-            PostgresServer::standby_of(&primary, PostgresOptions::default())
-        });
+        let standby =
+            tokio::task::block_in_place(|| PostgresServer::standby_of(&primary, quick_promotion()));
         for statement in [
             "ALTER SYSTEM SET synchronous_standby_names = 'standby'",
             "SELECT pg_reload_conf()",
@@ -105,12 +112,26 @@ fn with_a_synchronous_standby_a_grant_survives_the_promotion() {
         });
         let promoted = killed.elapsed();
         let before = lease.deadline();
-        wait_for(
-            "a renewal on the promoted standby",
-            std_ms(TTL_MS),
-            || async { lease.deadline() > before },
-        )
+        let mut events = lease.events();
+        let renewed = tokio::time::timeout(std_ms(TTL_MS), async {
+            while lease.deadline() <= before {
+                tokio::time::sleep(std_ms(5)).await;
+            }
+        })
         .await;
+        if renewed.is_err() {
+            let mut seen = Vec::new();
+            while let Ok(event) = events.try_recv() {
+                seen.push(format!("{event:?}"));
+            }
+            panic!(
+                "no renewal on the promoted standby within {TTL_MS} ms: state {:?}, end {:?}, \
+                 events {seen:#?}; standby log:\n{}",
+                lease.state(),
+                lease.end(),
+                standby.log()
+            );
+        }
         let renewed = killed.elapsed();
         assert_eq!(
             lease.check().ok(),
@@ -155,7 +176,7 @@ fn without_synchronous_replication_lost_grants_are_counted_and_nobody_overlaps()
         p.batch_execute("CHECKPOINT").await.unwrap();
         let replication = Proxy::start(primary.port()).await;
         let standby = tokio::task::block_in_place(|| {
-            PostgresServer::standby_via(replication.port(), PostgresOptions::default())
+            PostgresServer::standby_via(replication.port(), quick_promotion())
         });
         let s = raw(standby.port()).await;
 
@@ -204,8 +225,20 @@ fn without_synchronous_replication_lost_grants_are_counted_and_nobody_overlaps()
             standby.promote();
         });
         let promoted = tokio::time::Instant::now();
-        wait_for("a grant on the promoted standby", std_ms(5_000), || async {
-            contest.grants().iter().any(|g| g.at > promoted)
+        // A grant that repeats a fence granted before the kill is a re-grant to the
+        // same token (its earlier answer was lost, its grant reached the standby): no
+        // new holder. Every new fence waits for the quarantine.
+        let before: std::collections::BTreeSet<_> = contest
+            .grants()
+            .iter()
+            .filter(|g| g.at < killed)
+            .map(|g| g.fence)
+            .collect();
+        wait_for("a new fence on the promoted standby", std_ms(5_000), || async {
+            contest
+                .grants()
+                .iter()
+                .any(|g| g.at > promoted && !before.contains(&g.fence))
         })
         .await;
         tokio::time::sleep(std_ms(TTL_MS)).await;
@@ -215,14 +248,25 @@ fn without_synchronous_replication_lost_grants_are_counted_and_nobody_overlaps()
             .iter()
             .filter(|g| g.at > stalled && g.at < killed)
             .count();
-        let first = outcome.first_grant_since(promoted).unwrap();
+        let regrants = outcome
+            .grants
+            .iter()
+            .filter(|g| g.at > promoted && before.contains(&g.fence))
+            .count();
+        let first = outcome
+            .grants
+            .iter()
+            .find(|g| g.at > promoted && !before.contains(&g.fence))
+            .unwrap();
         eprintln!(
             "asynchronous standby: lag {lag} B while replicating; stalled {:?} before the kill, \
              {behind} B of WAL and {lost} grants (with every renewal of the window) never \
-             reached it; promoted {:?} after the kill; first grant {:?} after the promotion \
-             (quarantine {TTL_MS} ms); {} samples, longest gap {:?}, {} overlaps",
+             reached it; promoted {:?} after the kill; first new fence granted {:?} after the \
+             kill, {:?} after `pg_ctl promote -w` returned (quarantine {TTL_MS} ms), {regrants} re-grants of surviving grants \
+             after the promotion; {} samples, longest gap {:?}, {} overlaps",
             killed - stalled,
             promoted - killed,
+            first.at - killed,
             first.at - promoted,
             outcome.samples,
             outcome.longest_gap,
@@ -230,9 +274,14 @@ fn without_synchronous_replication_lost_grants_are_counted_and_nobody_overlaps()
         );
         assert!(outcome.overlaps.is_empty(), "{:?}", outcome.overlaps);
         assert!(lost >= 2 && behind > 0);
+        // Every lost grant was made or last renewed before the kill, so it has expired
+        // by the kill + TTL; the quarantine starts at the first acquire of a free key on
+        // the promoted standby (after the kill, possibly before `pg_ctl promote -w`
+        // returns, which polls) and lasts the TTL.
         assert!(
-            first.at - promoted >= std_ms(TTL_MS),
-            "the quarantine kept contenders out"
+            first.at - killed >= std_ms(TTL_MS),
+            "the quarantine kept contenders out: a new fence {:?} after the kill",
+            first.at - killed
         );
         drop(replication);
     });
