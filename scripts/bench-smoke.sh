@@ -5,6 +5,9 @@
 #   - Redis with a replica: renewals with min_replicas(1) (each followed by WAIT) and
 #     without, the same K;
 #   - etcd: leasehold-etcd, raw keep-alive, raw keep-alive + txn, the same K;
+#   - PostgreSQL: leasehold-postgres, a raw tokio-postgres loop of the same UPDATE
+#     (prepared, and unnamed), the same K; then a lease-checked transaction next to a
+#     plain one;
 #   - many leases: 100 on the in-memory service in both driver shapes (a task per
 #     lease, and a LeaseSet), and 1,000 in a LeaseSet on a real Redis for 5 s, failing
 #     on any loss or any check that passes after one;
@@ -12,7 +15,8 @@
 #     cluster connection, K = 100, briefly.
 # Each fails on any error or unexpected answer, never on a ratio (the figures come from
 # the full runs: `cargo bench -p leasehold-redis --bench renew`,
-# `cargo bench -p leasehold-etcd --bench renew_rate`). Built in the test profile, so they
+# `cargo bench -p leasehold-etcd --bench renew_rate`,
+# `cargo bench -p leasehold-postgres --bench renew`). Built in the test profile, so they
 # reuse the build of the tests stage: about 10 s of running each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +24,7 @@ export LEASEHOLD_BENCH_SMOKE=1
 cargo test -p leasehold-redis --bench renew --locked
 cargo test -p leasehold-redis --bench replicated --locked
 cargo test -p leasehold-etcd --bench renew_rate --locked
+cargo test -p leasehold-postgres --bench renew --locked
 cargo test -p leasehold-tokio --bench many_leases --locked
 cargo test -p leasehold-redis --bench many_leases --locked
 cargo test -p leasehold-redis --features cluster --bench cluster_renew --locked

@@ -22,6 +22,7 @@ declare -A features=(
     [leasehold-redis]="tls cluster"
     [leasehold-storage]="postgres sqlite"
     [leasehold-etcd]=""
+    [leasehold-postgres]=""
     [leasehold-cli]="tls"
 )
 

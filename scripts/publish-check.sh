@@ -24,6 +24,7 @@ libraries=(
     "leasehold-etcd adapters/service/etcd"
     "leasehold-resp adapters/service/resp"
     "leasehold-storage adapters/storage"
+    "leasehold-postgres adapters/service/postgres"
 )
 
 status=0

@@ -18,6 +18,7 @@ declare -A packages=(
     [redis-server]=redis-server
     [redis-cli]=redis-tools
     [etcd]=etcd-server
+    [pgbouncer]=pgbouncer
     [etcdctl]=etcd-client
     [protoc]=protobuf-compiler
     [arm-none-eabi-size]=binutils-arm-none-eabi

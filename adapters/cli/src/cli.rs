@@ -51,8 +51,9 @@ pub struct Cli {
         long = "service",
         env = "LEASEHOLD_SERVICE",
         global = true,
-        help = "The lock service: redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://… (TLS), or \
-                etcd+http://HOST:PORT[,HOST:PORT…] (USER:PASSWORD@ before the first host)"
+        help = "The lock service: redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://… (TLS), \
+                etcd+http://HOST:PORT[,HOST:PORT…] (USER:PASSWORD@ before the first host), or \
+                postgres://[USER[:PASSWORD]@]HOST[:PORT][,HOST:PORT…]/DBNAME (postgresql:// too)"
     )]
     pub service: Option<String>,
 
@@ -64,8 +65,9 @@ pub struct Cli {
     /// The longest TTL any client of this lock service asks for (the same on every
     /// client; env LEASEHOLD_MAX_TTL). After the service lost grants that may still be
     /// alive (a Redis restarted without persistence or from an older snapshot, a
-    /// failover, an etcd restored from a backup, a new data set), it grants no free
-    /// key for this long. A --ttl above it is refused.
+    /// failover, an etcd restored from a backup, a PostgreSQL that crashed, restarted
+    /// or was promoted, a new data set), it grants no free key for this long. A --ttl
+    /// above it is refused.
     #[arg(long, env = "LEASEHOLD_MAX_TTL", global = true, value_parser = duration::parse, default_value = "30s")]
     pub max_ttl: Duration,
 

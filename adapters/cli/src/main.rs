@@ -115,6 +115,7 @@ async fn dispatch(cli: Cli) -> u8 {
         request_timeout,
         max_ttl: cli.max_ttl,
         down,
+        create_tables: !matches!(cli.command, Command::Status(_)),
     };
     let service = match service::connect(url, &settings).await {
         Ok(service) => service,
@@ -123,10 +124,14 @@ async fn dispatch(cli: Cli) -> u8 {
     match (&cli.command, &service) {
         (Command::Run(args), Service::Redis(s)) => run::run(s.clone(), args, output).await,
         (Command::Run(args), Service::Etcd(s)) => run::run(s.clone(), args, output).await,
+        (Command::Run(args), Service::Postgres(s)) => run::run(s.clone(), args, output).await,
         (Command::Status(args), Service::Redis(s)) => {
             status::status(&**s, &args.key, args.json).await
         }
         (Command::Status(args), Service::Etcd(s)) => {
+            status::status(&**s, &args.key, args.json).await
+        }
+        (Command::Status(args), Service::Postgres(s)) => {
             status::status(&**s, &args.key, args.json).await
         }
         (Command::RaiseFence(args), _) => {

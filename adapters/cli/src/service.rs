@@ -2,8 +2,11 @@
 //!
 //! `redis://` and `rediss://` go to [`RedisLockService`] as they are (it checks them
 //! and hides the password in its messages); `etcd+http://h:p[,h:p…]` becomes the
-//! endpoint list of an [`EtcdLockService`]. `memory:` is not offered: an in-process
-//! service cannot exclude other processes.
+//! endpoint list of an [`EtcdLockService`]; `postgres://` and `postgresql://` go to
+//! a [`PostgresLockService`] as they are (libpq's URL form: several hosts and
+//! `target_session_attrs=read-write` find the primary), which creates its lease
+//! tables if they are missing (`run`, `raise-fence`). `memory:` is not offered: an
+//! in-process service cannot exclude other processes.
 //!
 //! A Redis that is not up when `run` starts (the connection is refused or times out,
 //! or Redis is still loading) is waited for, as an etcd is (its client connects on
@@ -18,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_etcd::EtcdLockService;
+use leasehold_postgres::PostgresLockService;
 use leasehold_redis::RedisLockService;
 
 /// A connected lock service.
@@ -26,10 +30,13 @@ pub enum Service {
     Redis(Arc<RedisLockService>),
     /// etcd.
     Etcd(Arc<EtcdLockService>),
+    /// PostgreSQL.
+    Postgres(Arc<PostgresLockService>),
 }
 
-const FORMS: &str = "use redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://… or \
-                     etcd+http://HOST:PORT[,HOST:PORT…]";
+const FORMS: &str = "use redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://…, \
+                     etcd+http://HOST:PORT[,HOST:PORT…] or \
+                     postgres://[USER[:PASSWORD]@]HOST[:PORT][,HOST:PORT…]/DBNAME";
 
 /// Whether to wait for a lock service that does not answer yet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +57,8 @@ pub struct Settings<'a> {
     pub max_ttl: Duration,
     /// Whether to wait for a service that does not answer yet.
     pub down: Down,
+    /// Whether to create the lock service's tables if they are missing (PostgreSQL).
+    pub create_tables: bool,
 }
 
 /// Connects to the service at `url`. The error is a complete sentence for the user.
@@ -59,6 +68,7 @@ pub async fn connect(url: &str, settings: &Settings<'_>) -> Result<Service, Stri
         request_timeout,
         max_ttl,
         down,
+        create_tables,
     } = *settings;
     if url.starts_with("redis://") || url.starts_with("rediss://") {
         let mut builder = RedisLockService::builder(url)
@@ -90,6 +100,24 @@ pub async fn connect(url: &str, settings: &Settings<'_>) -> Result<Service, Stri
         let service = builder.connect().await.map_err(|e| e.to_string())?;
         return Ok(Service::Etcd(Arc::new(service)));
     }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        if tls_ca.is_some() {
+            return Err("--tls-ca: the command line connects to PostgreSQL without TLS".into());
+        }
+        let builder = PostgresLockService::builder(url)
+            .request_timeout(request_timeout)
+            .max_ttl(max_ttl)
+            .create_tables(create_tables);
+        let service = match builder.clone().connect().await {
+            Ok(service) => service,
+            Err(e) if down == Down::Wait && pg_may_come_up(&e) => {
+                note!("{e}; waiting for it");
+                builder.connect_lazily().map_err(|e| e.to_string())?
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        return Ok(Service::Postgres(Arc::new(service)));
+    }
     if url.starts_with("etcd+https://") {
         return Err(format!(
             "unusable service URL `{url}`: TLS to etcd is not supported by the command line \
@@ -115,6 +143,17 @@ fn may_come_up(e: &leasehold_redis::RedisLockError) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether `e`, from the first connection, says PostgreSQL is not up yet (refused, no
+/// answer in time, starting up, a standby not promoted yet) rather than that this can
+/// never work (credentials, a missing database, the URL).
+fn pg_may_come_up(e: &leasehold_postgres::PostgresLockError) -> bool {
+    use leasehold_postgres::ErrorKind;
+    matches!(
+        e.kind(),
+        ErrorKind::Transport | ErrorKind::Timeout(_) | ErrorKind::Service
+    )
 }
 
 /// Trusts the CA in the PEM file at `path` for `rediss://`.

@@ -63,6 +63,10 @@ pub async fn raise_fence(service: &Service, key: &str, fence: u64) -> u8 {
             .raise_fence(key, Fence(fence))
             .await
             .map_err(|e| e.to_string()),
+        Service::Postgres(pg) => pg
+            .raise_fence(key, Fence(fence))
+            .await
+            .map_err(|e| e.to_string()),
     };
     match raised {
         Ok(now) => {

@@ -633,3 +633,87 @@ fn etcd_client_logs_are_quiet_by_default() {
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(err, "", "a run that goes well says nothing");
 }
+
+/// A PostgreSQL lease table made and marked new through the library (a fresh data
+/// set would otherwise wait out its first quarantine); the URL.
+fn postgres_marked_new(server: &leasehold_test_support::PostgresServer) -> String {
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", server.port());
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let service = leasehold_postgres::PostgresLockService::builder(&url)
+                .create_tables(true)
+                .connect()
+                .await
+                .unwrap();
+            service.mark_data_set_new().await.unwrap();
+        });
+    url
+}
+
+#[test]
+fn four_contenders_on_postgres_write_in_fence_order_and_never_overlap() {
+    let server = leasehold_test_support::PostgresServer::start();
+    contention(&postgres_marked_new(&server), "cli-contend-postgres");
+}
+
+/// `postgres://` and `postgresql://` URLs: `status` (free, then held), `raise-fence`,
+/// and `run` on a database whose tables `run` creates itself, where the first grant
+/// waits out one `--max-ttl` quarantine (a new lease table cannot tell a new
+/// deployment from one that lost its grants).
+#[test]
+fn postgres_status_raise_fence_and_a_first_run_that_creates_the_tables() {
+    let server = leasehold_test_support::PostgresServer::start();
+    let dir = scratch("cli-postgres");
+    let d = dir.path();
+    let fresh = format!("postgresql://postgres@127.0.0.1:{}/postgres", server.port());
+    let (code, err) = run(&fresh, d, &["status", "k"]);
+    assert_eq!(code, Some(125), "no tables yet: {err}");
+    assert!(
+        err.contains("create_tables") || err.contains("migration"),
+        "{err}"
+    );
+    let started = Instant::now();
+    let mut first = leasehold(&fresh, d);
+    first.args(["--max-ttl", "1s", "run", "--ttl", "1s", "k", "--", "true"]);
+    let out = output(first);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "the first grant waited out the quarantine: {:?}",
+        started.elapsed()
+    );
+
+    let url = postgres_marked_new(&server);
+    let (code, _) = run(&url, d, &["status", "st"]);
+    assert_eq!(code, Some(1), "free: 1");
+    let mut holder = hold(&url, d, "st", "holder-A");
+    let out = output({
+        let mut c = leasehold(&url, d);
+        c.args(["status", "st"]);
+        c
+    });
+    assert_eq!(out.status.code(), Some(0), "held: 0");
+    assert!(
+        text(&out.stdout).starts_with("\"st\" is held by holder-A (fence "),
+        "{}",
+        text(&out.stdout)
+    );
+    std::fs::write(d.join("stop"), "").unwrap();
+    assert_eq!(holder.wait(Duration::from_secs(10)).code(), Some(0));
+    let (code, err) = run(&url, d, &["raise-fence", "st", "10000000000000000"]);
+    assert_eq!(code, Some(0), "{err}");
+    let out = output({
+        let mut c = leasehold(&url, d);
+        c.args(["run", "st", "--", "sh", "-c", "echo $LEASEHOLD_FENCE"]);
+        c
+    });
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "10000000000000001",
+        "{}",
+        text(&out.stderr)
+    );
+}

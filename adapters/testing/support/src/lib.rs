@@ -12,7 +12,9 @@
 //!   pause, resume, restart a member, find the leader; every member killed on drop.
 //! * [`PostgresServer`] — a real PostgreSQL cluster of its own (`initdb` in a scratch
 //!   dir, `postgres` on a free loopback port; as the `postgres` user when run as
-//!   root): stop, restart; shut down on drop.
+//!   root): stop, restart, kill, crash its backends, pause, a streaming standby and its
+//!   promotion; shut down on drop. [`PgBouncer`] — a real PgBouncer in transaction
+//!   mode in front of one.
 //! * [`Proxy`] — a loopback TCP proxy that forwards, stalls (stops forwarding, keeps
 //!   connections open), resumes, cuts every connection, retargets, or rewrites
 //!   replies.
@@ -39,6 +41,7 @@ mod dirs;
 pub mod election;
 pub mod etcd;
 pub mod fenced;
+pub mod pgbouncer;
 mod ports;
 pub mod postgres;
 mod process;
@@ -54,8 +57,9 @@ pub use dirs::{fast_scratch_dir, scratch_dir, ScratchDir};
 pub use election::{Candidates, Elected};
 pub use etcd::{EtcdCluster, Timing};
 pub use fenced::{check_fenced_history, Answer, FencePlan, HistoryCounts};
+pub use pgbouncer::PgBouncer;
 pub use ports::free_port;
-pub use postgres::PostgresServer;
+pub use postgres::{PostgresOptions, PostgresServer};
 pub use proxy::{Proxy, ProxyMode};
 pub use redis::{RedisOptions, RedisServer, TlsFiles};
 pub use redis_cluster::{ClusterNode, RedisCluster};

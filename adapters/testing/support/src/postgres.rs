@@ -13,10 +13,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::Signal;
-use nix::unistd::{Gid, Uid, User};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::{Gid, Pid, Uid, User};
 
-use crate::process::{end_and_reap, exited};
+use crate::process::{end_and_reap, exited, signal};
 use crate::{binary_in, fast_scratch_dir, free_port, MissingBinary, ScratchDir};
 
 /// How long `postgres` gets to accept connections after it was started.
@@ -32,8 +32,9 @@ const PACKAGE: &str = "postgresql";
 /// Where Debian installs the server binaries, one directory per major version.
 const DEBIAN_ROOT: &str = "/usr/lib/postgresql";
 
-/// What the log says once the server takes connections.
-const READY_LINE: &str = "database system is ready to accept connections";
+/// What the log says once the server takes connections (a standby: "… ready to
+/// accept read-only connections").
+const READY_LINE: &str = "database system is ready to accept";
 
 /// The superuser `initdb` creates; trusted on loopback and the socket (no password).
 pub const SUPERUSER: &str = "postgres";
@@ -49,6 +50,25 @@ pub struct PostgresServer {
     run_as: Option<(Uid, Gid)>,
     dir: ScratchDir,
     child: Option<Child>,
+    settings: Vec<(String, String)>,
+}
+
+/// Settings a test server starts with besides the throwaway defaults.
+#[derive(Clone, Debug, Default)]
+pub struct PostgresOptions {
+    /// `-c name=value` settings, given after the defaults (`fsync=off`,
+    /// `synchronous_commit=off`, …), which they override: e.g.
+    /// `("synchronous_commit", "on")` for commits that wait for the WAL write (and
+    /// for a synchronous standby, with `synchronous_standby_names`).
+    pub settings: Vec<(String, String)>,
+}
+
+impl PostgresOptions {
+    /// These options with `name=value` added.
+    pub fn set(mut self, name: &str, value: &str) -> PostgresOptions {
+        self.settings.push((name.to_owned(), value.to_owned()));
+        self
+    }
 }
 
 impl PostgresServer {
@@ -60,6 +80,72 @@ impl PostgresServer {
     /// root and there is no `postgres` user, or when the server does not come up
     /// within 20 s (with its log).
     pub fn start() -> PostgresServer {
+        PostgresServer::start_with(PostgresOptions::default())
+    }
+
+    /// A fresh cluster started with `options`, accepting connections.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_with(options: PostgresOptions) -> PostgresServer {
+        let mut server = PostgresServer::unstarted(options);
+        server.initdb();
+        server.first_start();
+        server
+    }
+
+    /// A hot standby of `primary`, streaming from it: `pg_basebackup -R` (which writes
+    /// `standby.signal` and `primary_conninfo`) into a directory of its own, then
+    /// started on a port of its own with `options` (its `cluster_name` is `standby`,
+    /// the name the primary's `synchronous_standby_names` can list). Returns once it
+    /// accepts read-only connections.
+    ///
+    /// # Panics
+    ///
+    /// When the base backup fails or the standby does not come up within 20 s.
+    pub fn standby_of(primary: &PostgresServer, options: PostgresOptions) -> PostgresServer {
+        PostgresServer::standby_via(primary.port, options)
+    }
+
+    /// [`standby_of`](Self::standby_of) the primary reached at `port` on loopback:
+    /// a [`Proxy`](crate::Proxy)'s, so that its replication can be stalled or cut.
+    /// Call it from a blocking context (`block_in_place`) when the proxy runs on the
+    /// same runtime.
+    ///
+    /// # Panics
+    ///
+    /// As [`standby_of`](Self::standby_of).
+    pub fn standby_via(port: u16, options: PostgresOptions) -> PostgresServer {
+        let mut server = PostgresServer::unstarted(options.set("cluster_name", "standby"));
+        let output = server
+            .command("pg_basebackup")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+            .args([
+                "-U",
+                SUPERUSER,
+                "-X",
+                "stream",
+                "-R",
+                "--no-sync",
+                "-c",
+                "fast",
+            ])
+            .arg("-D")
+            .arg(server.data_dir())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run pg_basebackup: {e}"));
+        assert!(
+            output.status.success(),
+            "pg_basebackup failed ({}):\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        server.first_start();
+        server
+    }
+
+    fn unstarted(options: PostgresOptions) -> PostgresServer {
         let bin = bin_dir().unwrap_or_else(|e| panic!("{e}"));
         let run_as = run_as();
         let dir = fast_scratch_dir("postgres");
@@ -69,17 +155,22 @@ impl PostgresServer {
                     panic!("cannot hand {} to postgres: {e}", dir.path().display())
                 });
         }
-        let mut server = PostgresServer {
+        PostgresServer {
             port: free_port(),
             bin,
             run_as,
             dir,
             child: None,
-        };
-        server.initdb();
+            settings: options.settings,
+        }
+    }
+
+    /// Starts the server the first time, on new ports while another process took one.
+    fn first_start(&mut self) {
+        let server = self;
         for attempt in 1.. {
             match server.spawn_and_wait() {
-                Ok(()) => return server,
+                Ok(()) => return,
                 Err(log) if attempt < PORT_RETRIES && log.contains("Address already in use") => {
                     server.port = free_port();
                 }
@@ -138,6 +229,95 @@ impl PostgresServer {
         if let Some(child) = self.child.take() {
             end_and_reap(child, Signal::SIGINT, "postgres");
         }
+    }
+
+    /// `SIGKILL` to the postmaster and every process it started, and reap: a crash.
+    /// [`restart`](Self::restart) then runs crash recovery.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let children = children_of(child.id());
+            let _ = child.kill();
+            for &pid in &children {
+                let _ = kill(pid, Signal::SIGKILL);
+            }
+            let _ = child.wait();
+            wait_gone(&children);
+        }
+    }
+
+    /// `SIGKILL` to every client backend (not the postmaster): PostgreSQL then
+    /// ends every session and runs crash recovery without restarting the
+    /// postmaster (`pg_postmaster_start_time()` stays; unlogged tables are emptied).
+    /// Returns once it accepts connections again.
+    ///
+    /// # Panics
+    ///
+    /// When it is not running, has no client backend, or does not recover within
+    /// 20 s.
+    pub fn crash_backends(&mut self) {
+        let pid = self.pid().expect("postgres is running");
+        let skip = self.log().len();
+        let backends: Vec<Pid> = children_of(pid)
+            .into_iter()
+            .filter(|p| cmdline(*p).is_some_and(|c| c.contains(&format!("{SUPERUSER} "))))
+            .collect();
+        assert!(!backends.is_empty(), "no client backend to crash");
+        for backend in backends {
+            let _ = kill(backend, Signal::SIGKILL);
+        }
+        if let Err(log) = self.wait_ready(skip) {
+            panic!("postgres did not recover from the crash of its backends; log:\n{log}");
+        }
+    }
+
+    /// `SIGSTOP` to the postmaster and every process it started: the server stops
+    /// answering, connections stay open (and new ones are accepted by the kernel,
+    /// then wait).
+    ///
+    /// # Panics
+    ///
+    /// When it is not running.
+    pub fn pause(&self) {
+        let child = self.child.as_ref().expect("postgres is running");
+        signal(child, Signal::SIGSTOP, "postgres");
+        for pid in children_of(child.id()) {
+            let _ = kill(pid, Signal::SIGSTOP);
+        }
+    }
+
+    /// `SIGCONT` after [`pause`](Self::pause).
+    ///
+    /// # Panics
+    ///
+    /// When it is not running.
+    pub fn resume(&self) {
+        let child = self.child.as_ref().expect("postgres is running");
+        for pid in children_of(child.id()) {
+            let _ = kill(pid, Signal::SIGCONT);
+        }
+        signal(child, Signal::SIGCONT, "postgres");
+    }
+
+    /// Promotes a standby (`pg_ctl promote -w`): it ends recovery on a new timeline
+    /// and takes writes. Returns once it does.
+    ///
+    /// # Panics
+    ///
+    /// When `pg_ctl` fails (not a standby, not running).
+    pub fn promote(&self) {
+        let output = self
+            .command("pg_ctl")
+            .args(["promote", "-w", "-t", "20", "-D"])
+            .arg(self.data_dir())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run pg_ctl: {e}"));
+        assert!(
+            output.status.success(),
+            "pg_ctl promote failed ({}):\n{}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
 
     /// Stops the server if it runs, then starts it again on the same port and data
@@ -218,6 +398,11 @@ impl PostgresServer {
             .args(["-c", "listen_addresses=127.0.0.1"])
             .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
             .args(["-c", "full_page_writes=off", "-c", "shared_buffers=16MB"])
+            .args(
+                self.settings
+                    .iter()
+                    .flat_map(|(k, v)| ["-c".to_owned(), format!("{k}={v}")]),
+            )
             .stdout(log)
             .stderr(stderr)
             .spawn()
@@ -259,12 +444,62 @@ impl PostgresServer {
 
 impl Drop for PostgresServer {
     /// An immediate shutdown (`SIGQUIT`: the postmaster takes its backends down with
-    /// it), then `SIGKILL` if that takes more than 10 s.
+    /// it; paused ones are continued first), then `SIGKILL` if that takes more than
+    /// 10 s.
     fn drop(&mut self) {
         if let Some(child) = self.child.take() {
+            for pid in children_of(child.id()) {
+                let _ = kill(pid, Signal::SIGCONT);
+            }
             end_and_reap(child, Signal::SIGQUIT, "postgres");
         }
     }
+}
+
+/// Waits until every process of `pids` has exited (gone, or a zombie waiting for
+/// init): a restart needs the killed backends' shared memory released, and once the
+/// postmaster is dead they are no longer its children.
+fn wait_gone(pids: &[Pid]) {
+    let give_up = Instant::now() + READY_WITHIN;
+    let alive = |pid: &Pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+        })
+    };
+    while pids.iter().any(alive) && Instant::now() < give_up {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The processes whose parent is `parent` (from `/proc/*/stat`).
+fn children_of(parent: u32) -> Vec<Pid> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // "pid (comm) S ppid …": fields after the last ')'.
+            let ppid: u32 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (ppid == parent).then_some(Pid::from_raw(pid))
+        })
+        .collect()
+}
+
+/// A process's command line as shown by `ps` (PostgreSQL rewrites its own: "postgres:
+/// postgres postgres 127.0.0.1(…) idle").
+fn cmdline(pid: Pid) -> Option<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(String::from_utf8_lossy(&raw).replace('\0', " "))
 }
 
 /// The directory holding `initdb` and `postgres`: on `PATH`, else the newest of
@@ -275,6 +510,9 @@ pub fn bin_dir() -> Result<PathBuf, MissingBinary> {
     search.extend(debian_bin_dirs(Path::new(DEBIAN_ROOT)));
     let path: OsString = std::env::join_paths(search).unwrap_or_default();
     let initdb = binary_in("initdb", PACKAGE, &path)?;
+    // A link on `PATH` (`/usr/local/bin/initdb`) leads to the directory that also has
+    // the other binaries (`pg_ctl`, `pg_basebackup`).
+    let initdb = std::fs::canonicalize(&initdb).unwrap_or(initdb);
     let dir = initdb.parent().map(Path::to_path_buf).unwrap_or_default();
     // `postgres` must be the one next to `initdb`: the same version.
     binary_in("postgres", PACKAGE, dir.as_os_str())?;
