@@ -22,7 +22,11 @@ async fn the_contract_and_lease_checked_transactions_hold_through_a_transaction_
         .connect()
         .await
         .unwrap_or_else(|e| panic!("{e}; pgbouncer log:\n{}", bouncer.log()));
-    run_all(&service, &Capabilities::new(Duration::from_millis(300))).await;
+    run_all(
+        &service,
+        &Capabilities::postgres(Duration::from_millis(300)),
+    )
+    .await;
 
     let raw_data = raw(server.port()).await;
     raw_data

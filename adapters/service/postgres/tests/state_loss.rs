@@ -21,7 +21,7 @@ use leasehold_test_support::Contest;
 const QUARANTINE: StdDuration = StdDuration::from_millis(1_500);
 
 fn caps() -> Capabilities {
-    Capabilities::new(Duration::from_millis(300))
+    Capabilities::postgres(Duration::from_millis(300))
 }
 
 /// A service on `server` with the test quarantine, its data set marked new, and the

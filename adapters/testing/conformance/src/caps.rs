@@ -92,6 +92,16 @@ impl Capabilities {
         caps
     }
 
+    /// PostgreSQL (`leasehold-postgres`: a row is held while its expiry is after the
+    /// server's `clock_timestamp()`, to the microsecond): as [`new`](Self::new), timed
+    /// on real time over loopback, so with a third of `ttl` of
+    /// [`tolerance`](Self::tolerance) as for [`redis`](Self::redis); no expiry slack.
+    pub const fn postgres(ttl: Duration) -> Capabilities {
+        let mut caps = Capabilities::new(ttl);
+        caps.tolerance = Duration::from_micros(ttl.as_micros() / 3);
+        caps
+    }
+
     /// Whether the fields fit together; the reason if not.
     pub fn check(&self) -> Result<(), String> {
         if self.granularity.is_zero() {

@@ -463,6 +463,10 @@ const QUARANTINE_MUTANTS: &[(&str, &str)] = &[
         "etcd",
         include_str!("../../../service/etcd/tests/state_loss.rs"),
     ),
+    (
+        "postgres",
+        include_str!("../../../service/postgres/tests/state_loss.rs"),
+    ),
 ];
 
 /// Every clause has a mutant that breaks it, and every mutant is a bug of its own: a
