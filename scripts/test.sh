@@ -7,7 +7,7 @@
 # ARM binutils), then runs: fmt, clippy, the tests (real servers are started by the tests
 # themselves on free loopback ports; every lock service runs the conformance suite),
 # a local Redis Cluster (3 primaries + 3 replicas: a failover and a slot migration
-# under 10,000 leases), the benchmarks in smoke mode (errors only), the loom
+# under 2,000 leases), the benchmarks in smoke mode (errors only), the loom
 # models, the no_std target builds, the firmware builds with their size table,
 # the firmware holding a lease on a real Redis in QEMU (both ARM builds),
 # the exhaustive model check (2 clients) and its mutations, every crate with each

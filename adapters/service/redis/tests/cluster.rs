@@ -2,7 +2,7 @@
 //! with a replica each, started by the test (`redis-cli --cluster create`).
 //!
 //! * The service contract, clause by clause, as on one server.
-//! * 10,000 leases in one `LeaseSet`, spread over every primary's slots, while a
+//! * 10,000 leases (2,000 in a debug build, see [`LEASES`]) in one `LeaseSet`, spread over every primary's slots, while a
 //!   primary is killed (its replica takes over) and then while 300 slots migrate
 //!   between the two other primaries: every lease on the healthy primaries survives
 //!   both, the migrating ones included; every lease on the dead primary either
@@ -24,7 +24,17 @@ use leasehold_redis::{Keys, RedisClusterLockService, RedisLockService};
 use leasehold_test_support::RedisCluster;
 use leasehold_tokio::{AcquireOptions, LeaseHandle, LeaseSet};
 
-const LEASES: usize = 10_000;
+/// Leases in the failover test: 10,000 in an optimised build (`cargo test --release`),
+/// 2,000 in a debug build. The set's one driver task steps every lease; unoptimised,
+/// on two cores, it cannot keep up with 10,000 renewals while the dead primary's
+/// leases retry every retry interval, and leases on the healthy primaries then expire
+/// in the client, not in Redis (measured: about 1 core busy, renewals timing out
+/// before they reached a connection).
+const LEASES: usize = if cfg!(debug_assertions) {
+    2_000
+} else {
+    10_000
+};
 
 fn config() -> Config {
     Config::builder(Duration::from_secs(3)).build().unwrap()
@@ -67,7 +77,7 @@ async fn a_cluster_keeps_the_contract() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ten_thousand_leases_ride_out_a_failover_and_a_slot_migration() {
+async fn many_leases_ride_out_a_failover_and_a_slot_migration() {
     let (mut cluster, service) = start_cluster().await;
     let set = LeaseSet::new(service.clone(), config());
     let names: Vec<String> = (0..LEASES).map(|i| format!("lease-{i}")).collect();
