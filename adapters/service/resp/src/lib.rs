@@ -24,5 +24,6 @@ mod service;
 pub use connect::Connect;
 pub use error::{Error, ProtocolError, ServerError};
 pub use service::{
-    Auth, RespLockService, DEFAULT_READ_BUFFER, DEFAULT_REQUEST_TIMEOUT, DEFAULT_WRITE_BUFFER,
+    Auth, RespLockService, DEFAULT_MAX_TTL, DEFAULT_READ_BUFFER, DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_WRITE_BUFFER,
 };
