@@ -413,8 +413,13 @@ impl Router {
             .ok_or_else(|| {
                 RedisError::from((ErrorKind::Client, "a node address without a port"))
             })?;
-        url.set_host(Some(host))
-            .map_err(|_| RedisError::from((ErrorKind::Client, "a node address that is no host")))?;
+        // A node that has not learned its own address (a one-node cluster, whose
+        // node never met another) reports an empty host: the seed's host reaches it.
+        if !host.is_empty() {
+            url.set_host(Some(host)).map_err(|_| {
+                RedisError::from((ErrorKind::Client, "a node address that is no host"))
+            })?;
+        }
         url.set_port(Some(port))
             .map_err(|()| RedisError::from((ErrorKind::Client, "a node URL without a port")))?;
         let config = AsyncConnectionConfig::new()
