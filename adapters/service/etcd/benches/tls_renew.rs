@@ -145,7 +145,6 @@ fn main() {
                     for task in tasks {
                         task.await.expect("renewal task");
                     }
-                    assert!(count.get() > 0, "side {side} at K={k}: no renewal");
                     rates[side].push(count.get() as f64 / secs);
                 }
             }

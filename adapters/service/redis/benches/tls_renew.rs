@@ -130,7 +130,6 @@ fn main() {
                     for task in tasks {
                         task.await.expect("renewal task");
                     }
-                    assert!(window.count.get() > 0, "{prefix} at K={k}: no renewal");
                     if window.timeouts.get() > 0 {
                         eprintln!("{prefix} at K={k}: {} timed out", window.timeouts.get());
                     }
