@@ -12,7 +12,9 @@
 #     lease, and a LeaseSet), and 1,000 in a LeaseSet on a real Redis for 5 s, failing
 #     on any loss or any check that passes after one;
 #   - a local Redis Cluster: leasehold-redis's cluster service and redis-rs's own
-#     cluster connection, K = 100, briefly.
+#     cluster connection, K = 100, briefly;
+#   - Redis and etcd over mutual TLS next to plain text, the same K (`tls_renew`,
+#     whose full run is `bash scripts/bench-tls.sh`).
 # Each fails on any error or unexpected answer, never on a ratio (the figures come from
 # the full runs: `cargo bench -p leasehold-redis --bench renew`,
 # `cargo bench -p leasehold-etcd --bench renew_rate`,
@@ -28,3 +30,5 @@ cargo test -p leasehold-postgres --bench renew --locked
 cargo test -p leasehold-tokio --bench many_leases --locked
 cargo test -p leasehold-redis --bench many_leases --locked
 cargo test -p leasehold-redis --features cluster --bench cluster_renew --locked
+cargo test -p leasehold-redis --features tls --bench tls_renew --locked
+cargo test -p leasehold-etcd --features tls --bench tls_renew --locked

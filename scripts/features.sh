@@ -15,14 +15,14 @@ cd "$(dirname "$0")/.."
 # crate: its features (besides `default`).
 declare -A features=(
     [leasehold]="defmt"
-    [leasehold-driver]="defmt"
+    [leasehold-driver]="defmt rustls"
     [leasehold-embassy]="defmt"
     [leasehold-resp]="defmt"
     [leasehold-tokio]="tracing metrics"
     [leasehold-redis]="tls cluster"
-    [leasehold-storage]="postgres sqlite"
-    [leasehold-etcd]=""
-    [leasehold-postgres]=""
+    [leasehold-storage]="postgres postgres-tls sqlite"
+    [leasehold-etcd]="tls"
+    [leasehold-postgres]="tls"
     [leasehold-cli]="tls"
 )
 

@@ -10,7 +10,8 @@
 # under 2,000 leases), the benchmarks in smoke mode (errors only), the loom
 # models, the no_std target builds, the firmware builds with their size table,
 # the firmware holding a lease on a real Redis in QEMU (both ARM builds),
-# the exhaustive model check (2 clients) and its mutations, every crate with each
+# mutual TLS to real Redis, etcd and PostgreSQL servers (certificates made by the
+# tests), the exhaustive model check (2 clients) and its mutations, every crate with each
 # feature, every published crate with the Rust it declares (rustup installs the
 # toolchains), the docs with warnings denied, and `cargo publish --dry-run` of every
 # library crate.
@@ -34,7 +35,11 @@ stage tests cargo test --workspace --locked
 stage tokio-metrics bash -c "cargo clippy -q -p leasehold-tokio --all-targets --all-features --locked -- -D warnings && cargo test -q -p leasehold-tokio --all-features --locked"
 stage storage bash -c "cargo clippy -q -p leasehold-storage --all-targets --all-features --locked -- -D warnings && cargo test -p leasehold-storage --all-features --locked"
 stage bench-smoke bash scripts/bench-smoke.sh
-stage redis-tls bash -c "cargo clippy -q -p leasehold-redis --all-targets --features tls --locked -- -D warnings && cargo test -p leasehold-redis --features tls --test tls --locked"
+# The TLS tests of Redis, etcd, PostgreSQL, the fenced-storage helper and the command
+# run in the tests stage (the command's default `tls` feature turns on each crate's in
+# the workspace build); this stage lints the crates with their TLS features named and
+# adds Redis Cluster over TLS (feature `cluster` as well).
+stage tls bash -c "cargo clippy -q -p leasehold-driver -p leasehold-redis -p leasehold-etcd -p leasehold-postgres -p leasehold-storage --all-targets --features leasehold-driver/rustls,leasehold-redis/tls,leasehold-redis/cluster,leasehold-etcd/tls,leasehold-postgres/tls,leasehold-storage/postgres-tls --locked -- -D warnings && cargo test -p leasehold-redis --features tls,cluster --test tls --locked"
 stage redis-cluster bash -c "cargo clippy -q -p leasehold-redis --all-targets --features cluster --locked -- -D warnings && cargo test -p leasehold-redis --features cluster --locked --lib --test cluster"
 stage loom bash scripts/loom.sh
 stage no_std bash scripts/no-std.sh

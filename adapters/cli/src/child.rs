@@ -84,6 +84,8 @@ pub fn exec_helper(command: &[OsString]) -> u8 {
         .args(args)
         .env_remove(PARENT_PID)
         .env_remove(CGROUP_PROCS)
+        // The lock service's password is leasehold's, not the command's.
+        .env_remove(crate::service::PASSWORD_ENV)
         .exec();
     let shown = program.to_string_lossy();
     match err.kind() {

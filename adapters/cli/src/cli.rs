@@ -57,10 +57,44 @@ pub struct Cli {
     )]
     pub service: Option<String>,
 
-    /// A PEM file of the CA that signed a `rediss://` server's certificate (a private
-    /// CA); without it the system's roots are trusted.
+    /// A PEM file of the CA that signed the server's certificate (a private CA), for
+    /// rediss://, etcd+https:// and postgres://; without it the system's roots are
+    /// trusted.
     #[arg(long, env = "LEASEHOLD_TLS_CA", global = true, value_name = "PEM_FILE")]
     pub tls_ca: Option<std::path::PathBuf>,
+
+    /// A PEM file of the client certificate to present (mutual TLS: Redis's
+    /// tls-auth-clients, etcd's --client-cert-auth, PostgreSQL's `cert` auth); needs
+    /// --tls-key.
+    #[arg(
+        long,
+        env = "LEASEHOLD_TLS_CERT",
+        global = true,
+        value_name = "PEM_FILE",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<std::path::PathBuf>,
+
+    /// A PEM file of the client certificate's private key; needs --tls-cert.
+    #[arg(
+        long,
+        env = "LEASEHOLD_TLS_KEY",
+        global = true,
+        value_name = "PEM_FILE",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<std::path::PathBuf>,
+
+    /// A file whose first line is the lock service's password (instead of the URL,
+    /// where `ps` shows it to every user of the machine); the environment variable
+    /// LEASEHOLD_PASSWORD works too (and is not passed on to the command).
+    #[arg(
+        long,
+        env = "LEASEHOLD_PASSWORD_FILE",
+        global = true,
+        value_name = "FILE"
+    )]
+    pub password_file: Option<std::path::PathBuf>,
 
     /// The longest TTL any client of this lock service asks for (the same on every
     /// client; env LEASEHOLD_MAX_TTL). After the service lost grants that may still be

@@ -110,8 +110,14 @@ async fn dispatch(cli: Cli) -> u8 {
         Command::Run(args) if !args.no_wait => service::Down::Wait,
         _ => service::Down::Fail,
     };
+    let password = match service::Password::from_file_or_env(cli.password_file.as_deref()) {
+        Ok(password) => password,
+        Err(why) => return run::fail(&why),
+    };
     let settings = service::Settings {
         tls_ca: cli.tls_ca.as_deref(),
+        tls_client: cli.tls_cert.as_deref().zip(cli.tls_key.as_deref()),
+        password,
         request_timeout,
         max_ttl: cli.max_ttl,
         down,

@@ -11,7 +11,9 @@
 mod clock;
 mod drive;
 mod service;
+pub mod tls;
 
 pub use clock::Clock;
 pub use drive::{run_term, Report, Target, TermEnd};
 pub use service::{LocalLockService, LockService};
+pub use tls::TlsProblem;

@@ -35,6 +35,10 @@
 //! without a reset) costs one [`Error::Timeout`], never a writer stuck for the
 //! hours TCP takes to notice.
 
+#[cfg(feature = "postgres-tls")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres-tls")))]
+pub mod tls;
+
 use std::future::Future;
 use std::time::Duration;
 

@@ -94,8 +94,13 @@ pub enum ErrorKind {
     /// was sent. Final: [`Refusal::Unsupported`].
     Unsupported,
     /// The endpoints or settings cannot be used (only from
-    /// [`Builder::connect`](crate::Builder::connect)).
+    /// [`Builder::connect`](crate::Builder::connect)): a TLS file that is not PEM,
+    /// a client key that is not its certificate's, among others.
     Config,
+    /// The TLS handshake failed for a reason retrying cannot clear (a certificate
+    /// not trusted, not for this host, expired, or refused by etcd). Final:
+    /// [`Refusal::Unauthorized`] (certificates are credentials).
+    Tls(leasehold_driver::TlsProblem),
 }
 
 /// A request to etcd that did not produce a definitive answer, or was refused for good.
@@ -217,7 +222,7 @@ impl EtcdLockError {
     /// asked, and the lease never retries it.
     pub fn refusal(&self) -> Option<Refusal> {
         match self.kind {
-            ErrorKind::Unauthorized => Some(Refusal::Unauthorized),
+            ErrorKind::Unauthorized | ErrorKind::Tls(_) => Some(Refusal::Unauthorized),
             ErrorKind::InvalidKey => Some(Refusal::InvalidKey),
             ErrorKind::WrongType => Some(Refusal::WrongType),
             ErrorKind::Unsupported => Some(Refusal::Unsupported),
@@ -272,6 +277,7 @@ impl EtcdLockError {
                 write!(f, "not sent to etcd at {at}: etcd cannot carry it out")
             }
             ErrorKind::Config => write!(f, "cannot use the etcd settings {at}"),
+            ErrorKind::Tls(problem) => write!(f, "TLS to etcd at {at}: {problem}"),
         }
     }
 
@@ -317,8 +323,10 @@ impl EtcdLockError {
                 "ask for something this service can do (a TTL up to 9e9 s, fences up to 2^63 - 1)"
             }
             ErrorKind::Config => {
-                "give endpoints as host:port or http://host:port, and valid options"
+                "give endpoints as host:port, http://host:port or https://host:port, and \
+                 valid options"
             }
+            ErrorKind::Tls(_) => "retrying does not help until the certificates are fixed",
         }
     }
 }
@@ -326,6 +334,18 @@ impl EtcdLockError {
 /// The kind of a client error.
 fn classify(err: &etcd_client::Error) -> ErrorKind {
     use etcd_client::Error as E;
+    // A failed handshake comes as a transport error (or a status wrapping one); only
+    // its text says what failed.
+    let tls = match err {
+        E::GRpcStatus(status) => {
+            leasehold_driver::TlsProblem::from_error_text(&status_text(status))
+        }
+        E::TransportError(e) => leasehold_driver::TlsProblem::from_error_text(&error_chain(e)),
+        _ => None,
+    };
+    if let Some(problem) = tls {
+        return ErrorKind::Tls(problem);
+    }
     match err {
         E::GRpcStatus(status) => classify_status(status),
         E::TransportError(_) | E::IoError(_) => ErrorKind::Transport,

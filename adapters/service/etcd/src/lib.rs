@@ -9,6 +9,8 @@ mod keep_alive;
 mod lock_service;
 mod requests;
 mod service;
+#[cfg(feature = "tls")]
+mod tls;
 mod value;
 
 pub use error::{ErrorKind, EtcdLockError, Op};

@@ -172,9 +172,35 @@ pub struct Builder {
     options: Option<ConnectOptions>,
     max_ttl: std::time::Duration,
     epoch_prefix: String,
+    #[cfg(feature = "tls")]
+    tls: crate::tls::TlsFiles,
 }
 
 impl Builder {
+    /// Trusts this PEM CA certificate for `https://` endpoints instead of the
+    /// system's roots (a private CA, as etcd's `--trusted-ca-file` usually is).
+    /// Needs the `tls` feature.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.root_cert = Some(pem.into());
+        self
+    }
+
+    /// Presents this client certificate (PEM, with any intermediates after it) and
+    /// its PEM private key to `https://` endpoints: mutual TLS, for an etcd started
+    /// with `--client-cert-auth`. Both are checked by [`connect`](Self::connect): a
+    /// file that is not PEM, or a key that is not the certificate's, fails with
+    /// [`ErrorKind::Config`] before anything is sent. Needs the `tls` feature.
+    #[cfg(feature = "tls")]
+    pub fn tls_client_cert(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client = Some((cert_pem.into(), key_pem.into()));
+        self
+    }
+
     /// Bound on each etcd call. Default 5 s. A lease driven by `leasehold-driver`
     /// also drops a request after its own request timeout; this bound is for the
     /// typed calls and anything else that awaits the service directly.
@@ -260,6 +286,12 @@ impl Builder {
     /// here; each request then fails (`Transport` or `Timeout`) within the request
     /// timeout until etcd answers. With a user, the authentication is a request: it is
     /// bounded by the connect timeout plus the request timeout.
+    ///
+    /// Over TLS (`https://` endpoints; the `tls` feature) the files are checked first
+    /// ([`ErrorKind::Config`]), and one TLS handshake is made with each endpoint,
+    /// bounded like the authentication, so that a handshake that can never succeed (a
+    /// certificate refused either way) fails here with [`ErrorKind::Tls`] naming the
+    /// cause; an etcd that is merely unreachable is still not an error.
     pub async fn connect(self) -> Result<EtcdLockService, EtcdLockError> {
         let endpoints: Arc<str> = Arc::from(self.endpoints.join(", "));
         if self.endpoints.is_empty() {
@@ -268,7 +300,7 @@ impl Builder {
                     .because("no endpoints given"),
             );
         }
-        let options = match self.options {
+        let options = match self.options.clone() {
             Some(options) => options,
             None => {
                 let mut options = ConnectOptions::new()
@@ -277,12 +309,19 @@ impl Builder {
                 if let Some((interval, timeout)) = self.keep_alive {
                     options = options.with_keep_alive(interval, timeout);
                 }
-                if let Some((name, password)) = self.user {
+                if let Some((name, password)) = self.user.clone() {
                     // A token can expire (JWT) or be forgotten (a member restart), and
                     // then every request would be refused until the process restarts.
                     options = options
                         .with_user(name, password)
                         .with_auto_token_refresh(true);
+                }
+                #[cfg(feature = "tls")]
+                if self.uses_tls() {
+                    let tls = self.tls.options(self.connect_timeout).map_err(|e| {
+                        EtcdLockError::new(Op::Connect, ErrorKind::Config, &endpoints).because(e)
+                    })?;
+                    options = options.with_tls(tls);
                 }
                 options
             }
@@ -299,6 +338,10 @@ impl Builder {
             );
         }
         let bound = self.connect_timeout.saturating_add(self.request_timeout);
+        #[cfg(feature = "tls")]
+        if self.uses_tls() {
+            self.probe_tls(&endpoints, bound).await?;
+        }
         let client = match tokio::time::timeout(
             bound,
             Client::connect(&self.endpoints, Some(options)),
@@ -315,12 +358,45 @@ impl Builder {
                 ))
             }
         };
+
         Ok(
             EtcdLockService::with_endpoints(client, endpoints, &self.epoch_prefix)
                 .with_request_timeout(self.request_timeout)
                 .with_watch_retry(self.watch_retry)
                 .with_max_ttl(self.max_ttl),
         )
+    }
+}
+
+#[cfg(feature = "tls")]
+impl Builder {
+    /// One TLS handshake of its own with each `https://` endpoint, bounded, so that a
+    /// certificate refused either way fails `connect` with [`ErrorKind::Tls`] rather
+    /// than every request after it (see `TlsFiles::handshake_problem`). An endpoint
+    /// that cannot be reached is not an error here: requests wait for it.
+    async fn probe_tls(
+        &self,
+        endpoints: &Arc<str>,
+        bound: std::time::Duration,
+    ) -> Result<(), EtcdLockError> {
+        for endpoint in self.endpoints.iter().filter(|e| e.starts_with("https://")) {
+            let probe = self.tls.handshake_problem(endpoint);
+            if let Ok(Some((problem, detail))) = tokio::time::timeout(bound, probe).await {
+                return Err(
+                    EtcdLockError::new(Op::Connect, ErrorKind::Tls(problem), endpoints)
+                        .because(detail),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the client connects over TLS: a CA or client certificate was given, or
+    /// an endpoint is `https://`.
+    fn uses_tls(&self) -> bool {
+        self.tls.root_cert.is_some()
+            || self.tls.client.is_some()
+            || self.endpoints.iter().any(|e| e.starts_with("https://"))
     }
 }
 
@@ -354,6 +430,8 @@ impl EtcdLockService {
             options: None,
             max_ttl: DEFAULT_MAX_TTL,
             epoch_prefix: String::new(),
+            #[cfg(feature = "tls")]
+            tls: crate::tls::TlsFiles::default(),
         }
     }
 

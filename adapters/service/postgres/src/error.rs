@@ -85,8 +85,15 @@ pub enum ErrorKind {
     /// A TTL above `max_ttl` ([`Builder::max_ttl`](crate::Builder::max_ttl)), or a
     /// fence past 2^63 − 1; nothing was granted. Final: [`Refusal::Unsupported`].
     Unsupported,
-    /// The settings cannot be used (only from [`Builder`](crate::Builder)).
+    /// The settings cannot be used (only from [`Builder`](crate::Builder)): an
+    /// unusable URL, a TLS file that is not PEM, a client key that is not its
+    /// certificate's, among others.
     Config,
+    /// The TLS handshake, or the certificate authentication after it, failed for a
+    /// reason retrying cannot clear (a certificate not trusted, not for this host,
+    /// expired, missing, or refused by the server). Final: [`Refusal::Unauthorized`]
+    /// (certificates are credentials).
+    Tls(leasehold_driver::TlsProblem),
     /// A lease-checked transaction found the lease no longer the caller's (another
     /// owner or fence, released, expired), at its start or at its commit: nothing of
     /// it was committed.
@@ -171,7 +178,7 @@ impl PostgresLockError {
     /// The final refusal this error is to a lease, if it is one.
     pub fn refusal(&self) -> Option<Refusal> {
         match self.kind {
-            ErrorKind::Unauthorized => Some(Refusal::Unauthorized),
+            ErrorKind::Unauthorized | ErrorKind::Tls(_) => Some(Refusal::Unauthorized),
             ErrorKind::InvalidKey => Some(Refusal::InvalidKey),
             ErrorKind::MissingTable
             | ErrorKind::WrongTable
@@ -213,6 +220,7 @@ impl fmt::Display for PostgresLockError {
             ErrorKind::InvalidKey => "invalid key",
             ErrorKind::Unsupported => "unsupported",
             ErrorKind::Config => "unusable settings",
+            ErrorKind::Tls(_) => "TLS failed",
             ErrorKind::NotHeld => "the lease is not held",
         };
         write!(f, ": {what}")?;
@@ -251,6 +259,9 @@ impl StdError for PostgresLockError {
 fn classify(err: &tokio_postgres::Error, (table, epoch): (&str, &str)) -> (ErrorKind, String) {
     let Some(db) = err.as_db_error() else {
         let text = chain(err);
+        if let Some(problem) = leasehold_driver::TlsProblem::from_error_text(&text) {
+            return (ErrorKind::Tls(problem), format!("{problem}; {text}"));
+        }
         if err.is_closed() || StdError::source(err).is_some() || text.contains("connection") {
             return (
                 ErrorKind::Transport,
@@ -262,6 +273,16 @@ fn classify(err: &tokio_postgres::Error, (table, epoch): (&str, &str)) -> (Error
     let said = format!("PostgreSQL said: {} ({})", db.message(), db.code().code());
     let code = db.code();
     let class = &code.code()[..2];
+    // A `cert` line in pg_hba.conf: "connection requires a valid client
+    // certificate", "certificate authentication failed for user …".
+    if class == "28" && db.message().contains("certificate") {
+        let problem = if db.message().contains("requires") {
+            leasehold_driver::TlsProblem::ClientCertRequired
+        } else {
+            leasehold_driver::TlsProblem::ClientCertRefused
+        };
+        return (ErrorKind::Tls(problem), format!("{problem}; {said}"));
+    }
     if *code == SqlState::INVALID_PASSWORD || class == "28" {
         (
             ErrorKind::Unauthorized,

@@ -19,7 +19,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Config, NoTls, Row, Statement};
+#[cfg(not(feature = "tls"))]
+use tokio_postgres::NoTls;
+use tokio_postgres::{Client, Config, Row, Statement};
 
 /// One connection, and the statements prepared on it (with
 /// `Builder::prepared_statements`), each prepared on first use.
@@ -60,7 +62,7 @@ impl Conn {
 
 /// The connections of one service.
 pub(crate) struct Pool {
-    config: Arc<Config>,
+    config: Arc<Target>,
     slots: Vec<Arc<Slot>>,
     /// The permits to send: `max_in_flight` of them.
     wire: tokio::sync::Semaphore,
@@ -90,7 +92,7 @@ pub(crate) struct Lease<'a> {
 
 impl Pool {
     pub(crate) fn new(
-        config: Config,
+        config: Target,
         size: usize,
         max_in_flight: usize,
         patience: Duration,
@@ -170,14 +172,27 @@ impl Pool {
     }
 }
 
-/// A connection with `config`, its task spawned (the caller bounds the wait).
-async fn connect(config: &Config) -> Result<Client, tokio_postgres::Error> {
-    let (client, connection) = config.connect(NoTls).await?;
-    tokio::spawn(async move {
-        if let Err(err) = connection.await {
-            tracing::debug!(error = %err, "PostgreSQL connection ended");
-        }
-    });
+/// Where and how to connect: the config, and over TLS the connector.
+pub(crate) struct Target {
+    pub(crate) config: Config,
+    #[cfg(feature = "tls")]
+    pub(crate) tls: leasehold_storage::postgres::tls::Connector,
+}
+
+/// A connection to `target`, its task spawned (the caller bounds the wait).
+async fn connect(target: &Target) -> Result<Client, tokio_postgres::Error> {
+    #[cfg(feature = "tls")]
+    let client = target.tls.connect(&target.config).await?;
+    #[cfg(not(feature = "tls"))]
+    let client = {
+        let (client, connection) = target.config.connect(NoTls).await?;
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!(error = %err, "PostgreSQL connection ended");
+            }
+        });
+        client
+    };
     Ok(client)
 }
 

@@ -2,12 +2,13 @@
 //! they are made of.
 
 use std::future::Future;
-use std::str::FromStr;
 use std::sync::Arc;
 
 use leasehold::{Duration, Fence, Holder, Identity, OwnerToken};
 use leasehold_storage::TableName;
-use tokio_postgres::config::{Host, SslMode};
+use tokio_postgres::config::Host;
+#[cfg(not(feature = "tls"))]
+use tokio_postgres::config::SslMode;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Row};
 
@@ -123,9 +124,35 @@ pub struct Builder {
     max_ttl: std::time::Duration,
     create_tables: bool,
     prepared_statements: bool,
+    #[cfg(feature = "tls")]
+    tls: leasehold_storage::postgres::tls::Tls,
 }
 
 impl Builder {
+    /// Trusts this PEM CA certificate (libpq's `sslrootcert`) instead of the
+    /// system's roots: with it, `sslmode` `prefer` and `require` check the server's
+    /// certificate chain too, as libpq does. Needs the `tls` feature.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls = self.tls.root_cert(pem);
+        self
+    }
+
+    /// Presents this PEM client certificate and key (libpq's `sslcert` and `sslkey`):
+    /// mutual TLS, for a `hostssl … cert` line in `pg_hba.conf` (whose user is the
+    /// certificate's common name). Both are checked when the service is built: a
+    /// file that is not PEM, or a key that is not the certificate's, fails with
+    /// [`ErrorKind::Config`] before anything is sent. Needs the `tls` feature.
+    #[cfg(feature = "tls")]
+    pub fn tls_client_cert(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls = self.tls.client_cert(cert_pem, key_pem);
+        self
+    }
+
     /// The lease table's name (default [`DEFAULT_TABLE`]): a plain identifier of at
     /// most 57 bytes, found on the role's `search_path`; the epoch table is
     /// `<table>_epoch`. Every client of one lock set uses the same name.
@@ -192,7 +219,13 @@ impl Builder {
     }
 
     fn build(self) -> Result<PostgresLockService, PostgresLockError> {
-        let config = tokio_postgres::Config::from_str(&self.url);
+        #[cfg(feature = "tls")]
+        let (config, mode) = match leasehold_storage::postgres::tls::parse_config(&self.url) {
+            Ok((config, mode)) => (Ok(config), mode),
+            Err(e) => (Err(e), None),
+        };
+        #[cfg(not(feature = "tls"))]
+        let config = <tokio_postgres::Config as std::str::FromStr>::from_str(&self.url);
         let fallback: Arc<str> = Arc::from(hide_password(&self.url));
         let mut config = config.map_err(|e| {
             PostgresLockError::new(Op::Connect, ErrorKind::Config, &fallback).because(format_args!(
@@ -204,13 +237,19 @@ impl Builder {
         let config_error = |detail: String| {
             PostgresLockError::new(Op::Connect, ErrorKind::Config, &server).because(detail)
         };
+        #[cfg(not(feature = "tls"))]
         if config.get_ssl_mode() == SslMode::Require {
             return Err(config_error(
                 "sslmode=require: this build of leasehold-postgres connects without TLS \
-                 (use sslmode=disable or prefer, or a TLS-terminating pooler on loopback)"
+                 (build it with the feature `tls`, or use sslmode=disable or prefer)"
                     .into(),
             ));
         }
+        #[cfg(feature = "tls")]
+        let tls = {
+            let tls = self.tls.clone().with_mode(mode.unwrap_or_default());
+            tls.connector().map_err(|e| config_error(e.to_string()))?
+        };
         let table = TableName::new(&self.table)
             .ok()
             .filter(|t| t.as_str().len() <= MAX_TABLE_NAME)
@@ -237,7 +276,11 @@ impl Builder {
         Ok(PostgresLockService {
             shared: Arc::new(Shared {
                 pool: Pool::new(
-                    config,
+                    crate::pool::Target {
+                        config,
+                        #[cfg(feature = "tls")]
+                        tls,
+                    },
                     self.connections,
                     self.max_in_flight,
                     self.request_timeout,
@@ -333,6 +376,8 @@ impl PostgresLockService {
             max_ttl: DEFAULT_MAX_TTL,
             create_tables: false,
             prepared_statements: false,
+            #[cfg(feature = "tls")]
+            tls: leasehold_storage::postgres::tls::Tls::default(),
         }
     }
 
@@ -749,7 +794,7 @@ mod tests {
             hide_password("host=h password=secret user=u"),
             "host=h user=u"
         );
-        let config = tokio_postgres::Config::from_str("postgresql://u:secret@h:5/db").unwrap();
+        let config: tokio_postgres::Config = "postgresql://u:secret@h:5/db".parse().unwrap();
         assert_eq!(describe(&config), "h:5/db");
     }
 
@@ -762,13 +807,28 @@ mod tests {
         assert!(b().table("a".repeat(57)).connect_lazily().is_ok());
         let e = err(b().max_ttl(MAX_TTL_LIMIT + std::time::Duration::from_micros(1)));
         assert!(e.to_string().contains("max_ttl"), "{e}");
-        let e = err(PostgresLockService::builder(
-            "postgres://u:pw@h/db?sslmode=require",
-        ));
-        assert!(
-            e.to_string().contains("TLS") && !e.to_string().contains("pw"),
-            "{e}"
-        );
+        let require = || PostgresLockService::builder("postgres://u:pw@h/db?sslmode=require");
+        #[cfg(not(feature = "tls"))]
+        {
+            let e = err(require());
+            assert!(
+                e.to_string().contains("TLS") && !e.to_string().contains("pw"),
+                "{e}"
+            );
+        }
+        #[cfg(feature = "tls")]
+        {
+            assert!(require().connect_lazily().is_ok());
+            let e = err(PostgresLockService::builder(
+                "postgres://u:pw@h/db?sslmode=verify-everything",
+            ));
+            assert!(
+                e.to_string().contains("verify-everything") && !e.to_string().contains("pw"),
+                "{e}"
+            );
+            let e = err(require().tls_root_cert("not a certificate"));
+            assert!(e.to_string().contains("is not PEM"), "{e}");
+        }
         let e = err(PostgresLockService::builder("nonsense://x"));
         assert_eq!(e.kind(), ErrorKind::Config);
     }

@@ -33,6 +33,12 @@ use crate::error::{Op, RedisLockError};
 use crate::keys::{slot_of, EpochScope};
 use crate::service::RedisLockService;
 
+/// The TLS certificates every node connection uses (none without the `tls` feature).
+#[cfg(feature = "tls")]
+type Certificates = redis::TlsCertificates;
+#[cfg(not(feature = "tls"))]
+type Certificates = std::convert::Infallible;
+
 /// A [`RedisLockService`] on a Redis Cluster (feature `cluster`).
 pub type RedisClusterLockService = RedisLockService<ClusterConnection>;
 
@@ -81,6 +87,45 @@ impl RedisLockService<ClusterConnection> {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
+        RedisLockService::connect_cluster_inner(nodes, None).await
+    }
+
+    /// [`connect_cluster`](Self::connect_cluster) over `rediss://` seeds with a
+    /// private CA (`root_cert`, PEM) and, for mutual TLS, a client certificate and
+    /// key (`client`, PEM), presented to every node; checked as
+    /// [`Builder::tls_client_cert`](crate::Builder::tls_client_cert) checks them.
+    /// Needs the features `cluster` and `tls`.
+    #[cfg(feature = "tls")]
+    pub async fn connect_cluster_with_tls<I, S>(
+        nodes: I,
+        root_cert: Option<&[u8]>,
+        client: Option<(&[u8], &[u8])>,
+    ) -> Result<RedisClusterLockService, RedisLockError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let files = crate::tls::TlsFiles {
+            root_cert: root_cert.map(<[u8]>::to_vec),
+            client: client.map(|(cert, key)| (cert.to_vec(), key.to_vec())),
+        };
+        let tls = files.certificates().map_err(|e| RedisLockError::Config {
+            url: "the cluster's TLS files".to_owned(),
+            reason: e.to_string(),
+        })?;
+        RedisLockService::connect_cluster_inner(nodes, tls).await
+    }
+
+    async fn connect_cluster_inner<I, S>(
+        nodes: I,
+        tls: Option<Certificates>,
+    ) -> Result<RedisClusterLockService, RedisLockError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        #[cfg(feature = "tls")]
+        crate::tls::install_provider();
         let mut seeds = Vec::new();
         let mut named = Vec::new();
         for node in nodes {
@@ -99,8 +144,12 @@ impl RedisLockService<ClusterConnection> {
                 reason: "no cluster nodes given".to_owned(),
             });
         };
+        #[cfg(not(feature = "tls"))]
+        let _: Option<std::convert::Infallible> = tls;
         let router = Arc::new(Router {
             template,
+            #[cfg(feature = "tls")]
+            tls,
             seeds: seeds.iter().filter_map(address).collect(),
             map: RwLock::new(SlotMap::empty()),
             refreshing: AtomicBool::new(false),
@@ -141,6 +190,9 @@ impl std::fmt::Debug for ClusterConnection {
 struct Router {
     /// The first seed URL: scheme, credentials and database for every node.
     template: url::Url,
+    /// The CA and client certificate for every node, when set.
+    #[cfg(feature = "tls")]
+    tls: Option<redis::TlsCertificates>,
     /// `host:port` of the seeds, asked for the slot map when no known node answers.
     seeds: Vec<String>,
     map: RwLock<SlotMap>,
@@ -361,14 +413,26 @@ impl Router {
             .ok_or_else(|| {
                 RedisError::from((ErrorKind::Client, "a node address without a port"))
             })?;
-        url.set_host(Some(host))
-            .map_err(|_| RedisError::from((ErrorKind::Client, "a node address that is no host")))?;
+        // A node that has not learned its own address (a one-node cluster, whose
+        // node never met another) reports an empty host: the seed's host reaches it.
+        if !host.is_empty() {
+            url.set_host(Some(host)).map_err(|_| {
+                RedisError::from((ErrorKind::Client, "a node address that is no host"))
+            })?;
+        }
         url.set_port(Some(port))
             .map_err(|()| RedisError::from((ErrorKind::Client, "a node URL without a port")))?;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(NODE_TIMEOUT))
             .set_response_timeout(None);
-        redis::Client::open(url.as_str())?
+        #[cfg(feature = "tls")]
+        let client = match &self.tls {
+            Some(tls) => redis::Client::build_with_tls(url.as_str(), tls.clone())?,
+            None => redis::Client::open(url.as_str())?,
+        };
+        #[cfg(not(feature = "tls"))]
+        let client = redis::Client::open(url.as_str())?;
+        client
             .get_multiplexed_async_connection_with_config(&config)
             .await
     }

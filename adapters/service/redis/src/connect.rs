@@ -21,13 +21,17 @@ pub struct Builder {
     reconnect_max_delay: std::time::Duration,
     reconnect_retries: usize,
     #[cfg(feature = "tls")]
-    tls_root_cert: Option<Vec<u8>>,
+    tls: crate::tls::TlsFiles,
 }
 
 impl RedisLockService {
     /// Settings for a service at `url`:
     /// `redis://[[user]:password@]host[:port][/db]`, or `rediss://…` for TLS (needs
-    /// the `tls` feature). A password is sent with `AUTH` on every (re)connection.
+    /// the `tls` feature). A password is sent with `AUTH` on every (re)connection:
+    /// `AUTH user password` for an ACL user (`rediss://app:secret@…`), `AUTH password`
+    /// for the legacy `requirepass` (`rediss://:secret@…`). Over TLS the server's
+    /// certificate must name the URL's host (a DNS name or an IP address in its
+    /// subjectAltName).
     pub fn builder(url: impl Into<String>) -> Builder {
         Builder {
             url: url.into(),
@@ -40,7 +44,7 @@ impl RedisLockService {
             reconnect_max_delay: std::time::Duration::from_millis(100),
             reconnect_retries: 6,
             #[cfg(feature = "tls")]
-            tls_root_cert: None,
+            tls: crate::tls::TlsFiles::default(),
         }
     }
 
@@ -64,7 +68,23 @@ impl Builder {
     /// roots (a private CA). Needs the `tls` feature.
     #[cfg(feature = "tls")]
     pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls_root_cert = Some(pem.into());
+        self.tls.root_cert = Some(pem.into());
+        self
+    }
+
+    /// Presents this client certificate (PEM, with any intermediates after it) and
+    /// its PEM private key on `rediss://` connections: mutual TLS, for a server with
+    /// `tls-auth-clients yes` (Redis's default once TLS is on). Both are checked when
+    /// connecting: a file that is not PEM, or a key that is not the certificate's,
+    /// fails with [`RedisLockError::Config`] before anything is sent. Needs the `tls`
+    /// feature.
+    #[cfg(feature = "tls")]
+    pub fn tls_client_cert(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client = Some((cert_pem.into(), key_pem.into()));
         self
     }
 
@@ -221,22 +241,14 @@ impl Builder {
             reason: e.detail().map_or_else(|| e.to_string(), str::to_owned),
         };
         #[cfg(feature = "tls")]
-        {
-            // rustls needs a process-wide crypto provider; install ring's unless the
-            // application already chose one.
-            if rustls::crypto::CryptoProvider::get_default().is_none() {
-                let _ = rustls::crypto::ring::default_provider().install_default();
-            }
-        }
-        #[cfg(feature = "tls")]
-        let client = match &self.tls_root_cert {
-            Some(pem) => redis::Client::build_with_tls(
-                self.url.as_str(),
-                redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem.clone()),
-                },
-            ),
+        let client = match self
+            .tls
+            .certificates()
+            .map_err(|e| RedisLockError::Config {
+                url: redacted.clone(),
+                reason: e.to_string(),
+            })? {
+            Some(certificates) => redis::Client::build_with_tls(self.url.as_str(), certificates),
             None => redis::Client::open(self.url.as_str()),
         }
         .map_err(config_error)?;

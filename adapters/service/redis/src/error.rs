@@ -151,6 +151,20 @@ pub enum RedisLockError {
         /// The client's error (its text is part of this error's message).
         cause: RedisError,
     },
+    /// The TLS handshake failed for a reason retrying cannot clear: the server's
+    /// certificate is not trusted, not for this host or expired, or the server
+    /// refused ours (none given, from another CA, expired). A final refusal
+    /// (`Unauthorized`): certificates are credentials.
+    Tls {
+        /// The request.
+        op: Op,
+        /// Where: `host:port` of the Redis server.
+        endpoint: String,
+        /// What went wrong.
+        problem: leasehold_driver::TlsProblem,
+        /// The TLS library's own words.
+        detail: String,
+    },
     /// No answer within the configured request timeout.
     Timeout {
         /// The request.
@@ -226,6 +240,7 @@ impl RedisLockError {
             RedisLockError::InvalidKey { op, .. }
             | RedisLockError::Refused { op, .. }
             | RedisLockError::Transport { op, .. }
+            | RedisLockError::Tls { op, .. }
             | RedisLockError::Timeout { op, .. }
             | RedisLockError::Service { op, .. }
             | RedisLockError::TooFewReplicas { op, .. }
@@ -242,12 +257,14 @@ impl RedisLockError {
     /// |---|---|
     /// | `InvalidKey` | `InvalidKey` |
     /// | `Refused` | its `refusal` (`WrongType`, `Unauthorized`, `Unsupported`) |
+    /// | `Tls` | `Unauthorized` |
     /// | `InvalidRequest`, `Config` | `Unsupported` |
     /// | others | none: see [`indeterminate`](Self::indeterminate) |
     pub fn refusal(&self) -> Option<Refusal> {
         match self {
             RedisLockError::InvalidKey { .. } => Some(Refusal::InvalidKey),
             RedisLockError::Refused { refusal, .. } => Some(*refusal),
+            RedisLockError::Tls { .. } => Some(Refusal::Unauthorized),
             RedisLockError::InvalidRequest { .. }
             | RedisLockError::TtlAboveMax { .. }
             | RedisLockError::Config { .. } => Some(Refusal::Unsupported),
@@ -324,6 +341,17 @@ impl RedisLockError {
                 code,
                 message,
             };
+        }
+        if !matches!(kind, ErrorKind::Server(_) | ErrorKind::Extension) {
+            let detail = err.to_string();
+            if let Some(problem) = leasehold_driver::TlsProblem::from_error_text(&detail) {
+                return RedisLockError::Tls {
+                    op,
+                    endpoint,
+                    problem,
+                    detail,
+                };
+            }
         }
         match kind {
             ErrorKind::Server(_) | ErrorKind::Extension => RedisLockError::Service {
@@ -415,14 +443,15 @@ impl fmt::Display for RedisLockError {
                 write!(f, "{op} on {endpoint}: connection failed: {cause}")?;
                 if cause.is_connection_refusal() {
                     f.write_str(" (is redis-server running and listening at that address?)")?;
-                } else if cause.to_string().contains("certificate") {
-                    f.write_str(
-                        " (the server's certificate is not trusted: give its CA to \
-                         Builder::tls_root_cert, and check the host name in the URL)",
-                    )?;
                 }
                 Ok(())
             }
+            RedisLockError::Tls {
+                op,
+                endpoint,
+                problem,
+                detail,
+            } => write!(f, "{op} on {endpoint}: TLS: {problem}; {detail}"),
             RedisLockError::Timeout {
                 op,
                 endpoint,

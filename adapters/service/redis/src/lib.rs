@@ -14,6 +14,8 @@ mod keys;
 mod lock_service;
 mod scripts;
 mod service;
+#[cfg(feature = "tls")]
+mod tls;
 
 #[cfg(feature = "cluster")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use crate::process::{exited, kill_and_reap, signal, stop_and_reap};
-use crate::{binary, fast_scratch_dir, free_port, ScratchDir};
+use crate::{binary, fast_scratch_dir, free_port, ScratchDir, TlsFiles};
 
 /// How long a member gets to report itself healthy (it needs a leader, so a quorum).
 const HEALTHY_WITHIN: Duration = Duration::from_secs(20);
@@ -54,6 +54,7 @@ impl Timing {
 struct Member {
     name: String,
     client_port: u16,
+    tls_port: u16,
     peer_port: u16,
     child: Option<Child>,
 }
@@ -63,6 +64,7 @@ pub struct EtcdCluster {
     members: Vec<Member>,
     timing: Timing,
     dir: ScratchDir,
+    tls: Option<TlsFiles>,
 }
 
 impl EtcdCluster {
@@ -96,17 +98,38 @@ impl EtcdCluster {
     ///
     /// As [`start`](Self::start).
     pub fn start_unmarked(size: usize, timing: Timing) -> EtcdCluster {
+        EtcdCluster::start_inner(size, timing, None)
+    }
+
+    /// One member ([`Timing::FAST`], marked new) that also serves clients over mutual
+    /// TLS on [`tls_endpoint`](Self::tls_endpoint): `--client-cert-auth` with the
+    /// files' server certificate, key and CA (a client must present a certificate
+    /// signed by that CA). The plain-text [`endpoint`](Self::endpoint) stays, for the
+    /// test's own checks and administration.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start).
+    pub fn single_tls(tls: TlsFiles) -> EtcdCluster {
+        let cluster = EtcdCluster::start_inner(1, Timing::FAST, Some(tls));
+        cluster.mark_data_set_new();
+        cluster
+    }
+
+    fn start_inner(size: usize, timing: Timing, tls: Option<TlsFiles>) -> EtcdCluster {
         assert!(size > 0, "a cluster has at least one member");
         let mut cluster = EtcdCluster {
             members: Vec::new(),
             timing,
             dir: fast_scratch_dir("etcd"),
+            tls,
         };
         for attempt in 1.. {
             cluster.members = (0..size)
                 .map(|i| Member {
                     name: format!("m{i}"),
                     client_port: free_port(),
+                    tls_port: free_port(),
                     peer_port: free_port(),
                     child: None,
                 })
@@ -153,6 +176,14 @@ impl EtcdCluster {
     /// Member `i`'s client URL, `http://127.0.0.1:<port>`.
     pub fn endpoint(&self, i: usize) -> String {
         format!("http://127.0.0.1:{}", self.client_port(i))
+    }
+
+    /// Member `i`'s mutual-TLS client URL, `https://127.0.0.1:<port>`, when the
+    /// cluster was started with [`single_tls`](Self::single_tls).
+    pub fn tls_endpoint(&self, i: usize) -> Option<String> {
+        self.tls
+            .as_ref()
+            .map(|_| format!("https://127.0.0.1:{}", self.members[i].tls_port))
     }
 
     /// Member `i`'s client port.
@@ -389,12 +420,26 @@ impl EtcdCluster {
         let member = &self.members[i];
         let client = format!("http://127.0.0.1:{}", member.client_port);
         let peer = format!("http://127.0.0.1:{}", member.peer_port);
-        let child = Command::new(etcd)
+        let mut cmd = Command::new(etcd);
+        let listen = match &self.tls {
+            Some(tls) => {
+                cmd.arg("--cert-file")
+                    .arg(&tls.cert)
+                    .arg("--key-file")
+                    .arg(&tls.key)
+                    .arg("--trusted-ca-file")
+                    .arg(&tls.ca)
+                    .arg("--client-cert-auth");
+                format!("{client},https://127.0.0.1:{}", member.tls_port)
+            }
+            None => client.clone(),
+        };
+        let child = cmd
             .arg("--name")
             .arg(&member.name)
             .arg("--data-dir")
             .arg(&data_dir)
-            .args(["--listen-client-urls", &client])
+            .args(["--listen-client-urls", &listen])
             .args(["--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])

@@ -61,6 +61,12 @@ pub struct PostgresOptions {
     /// `("synchronous_commit", "on")` for commits that wait for the WAL write (and
     /// for a synchronous standby, with `synchronous_standby_names`).
     pub settings: Vec<(String, String)>,
+    /// `ssl = on` with these files' server certificate, key and CA, and a
+    /// `pg_hba.conf` of `hostssl all all 127.0.0.1/32 cert` (a TLS client must present
+    /// a certificate signed by the CA, whose common name is the user) next to
+    /// `hostnossl … trust` (the test's own plain-text connections, such as
+    /// [`PostgresServer::conninfo`]'s).
+    pub tls: Option<crate::TlsFiles>,
 }
 
 impl PostgresOptions {
@@ -89,10 +95,57 @@ impl PostgresServer {
     ///
     /// As [`start`](Self::start).
     pub fn start_with(options: PostgresOptions) -> PostgresServer {
+        let tls = options.tls.clone();
         let mut server = PostgresServer::unstarted(options);
         server.initdb();
+        if let Some(tls) = &tls {
+            server.set_up_tls(tls);
+        }
         server.first_start();
         server
+    }
+
+    /// Copies the TLS files into the cluster's directory (owned by the user the server
+    /// runs as; the key readable by it alone, as PostgreSQL demands), turns `ssl` on
+    /// and writes the `pg_hba.conf` of [`PostgresOptions::tls`].
+    fn set_up_tls(&mut self, tls: &crate::TlsFiles) {
+        let dir = self.dir.path().join("tls");
+        std::fs::create_dir_all(&dir).expect("create the TLS directory");
+        for (from, name) in [
+            (&tls.cert, "server.crt"),
+            (&tls.key, "server.key"),
+            (&tls.ca, "ca.crt"),
+        ] {
+            let to = dir.join(name);
+            std::fs::copy(from, &to).expect("copy a TLS file");
+            let only_owner =
+                <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600);
+            std::fs::set_permissions(&to, only_owner).expect("chmod a TLS file");
+            if let Some((uid, gid)) = self.run_as {
+                std::os::unix::fs::chown(&to, Some(uid.as_raw()), Some(gid.as_raw()))
+                    .expect("hand a TLS file to postgres");
+            }
+        }
+        if let Some((uid, gid)) = self.run_as {
+            std::os::unix::fs::chown(&dir, Some(uid.as_raw()), Some(gid.as_raw()))
+                .expect("hand the TLS directory to postgres");
+        }
+        for (name, file) in [
+            ("ssl_cert_file", "server.crt"),
+            ("ssl_key_file", "server.key"),
+            ("ssl_ca_file", "ca.crt"),
+        ] {
+            let path = dir.join(file).display().to_string();
+            self.settings.push((name.to_owned(), path));
+        }
+        self.settings.push(("ssl".to_owned(), "on".to_owned()));
+        std::fs::write(
+            self.data_dir().join("pg_hba.conf"),
+            "local all all trust\n\
+             hostnossl all all 127.0.0.1/32 trust\n\
+             hostssl all all 127.0.0.1/32 cert\n",
+        )
+        .expect("write pg_hba.conf");
     }
 
     /// A hot standby of `primary`, streaming from it: `pg_basebackup -R` (which writes

@@ -29,11 +29,15 @@ pub struct RedisOptions {
     pub appendonly: bool,
     /// `--replicaof 127.0.0.1 <port>`; the start waits until the replica has synced.
     pub replica_of: Option<u16>,
-    /// `--cluster-enabled yes`. The node starts with no slots; assigning them is the
-    /// test's business (`CLUSTER ADDSLOTSRANGE 0 16383`).
+    /// `--cluster-enabled yes` (with [`tls`](Self::tls), `--tls-cluster yes`). The
+    /// node starts with no slots; assigning them is the test's business
+    /// (`CLUSTER ADDSLOTSRANGE 0 16383`).
     pub cluster: bool,
     /// Also listen for TLS on [`RedisServer::tls_port`] with these PEM files.
     pub tls: Option<TlsFiles>,
+    /// With [`tls`](Self::tls): `tls-auth-clients yes` (Redis's default), so a TLS
+    /// client must present a certificate signed by the CA (mutual TLS).
+    pub tls_auth_clients: bool,
     /// Start without marking the data set as new. By default a primary started by
     /// [`RedisServer::start_with`] (not a replica, not a cluster node, not a restart)
     /// gets the epoch marker a leasehold client writes after its quarantine
@@ -44,21 +48,34 @@ pub struct RedisOptions {
     pub unmarked: bool,
 }
 
-/// The PEM files of a TLS listener.
+/// The PEM files of a TLS listener, and of a client it accepts.
+///
+/// Made by [`TlsFiles::generate`] for each test (nothing that expires is checked in);
+/// [`issue`](TlsFiles::issue) makes more certificates from the same CA (another name,
+/// an expired one).
 #[derive(Clone, Debug)]
 pub struct TlsFiles {
     /// The server's certificate.
     pub cert: PathBuf,
     /// Its private key.
     pub key: PathBuf,
-    /// The CA that signed it.
+    /// The CA that signed it (and the client's); its key, `ca.key`, is next to it
+    /// (for [`issue`](TlsFiles::issue)).
     pub ca: PathBuf,
+    /// A client certificate signed by the CA, for mutual TLS. Its common name is
+    /// `postgres`, the user a PostgreSQL `cert` line in `pg_hba.conf` maps it to.
+    pub client_cert: PathBuf,
+    /// Its private key.
+    pub client_key: PathBuf,
 }
 
+/// The subjectAltName of the server certificates [`TlsFiles::generate`] makes.
+pub const LOOPBACK_NAMES: &str = "IP:127.0.0.1,DNS:localhost";
+
 impl TlsFiles {
-    /// Makes a private CA and a certificate for `127.0.0.1` and `localhost` signed by
-    /// it, in `dir`, with the `openssl` command (Debian package `openssl`). Valid for a
-    /// day: for tests.
+    /// Makes a private CA, a server certificate for `127.0.0.1` and `localhost` and a
+    /// client certificate, both signed by it, in `dir`, with the `openssl` command
+    /// (Debian package `openssl`). P-256 keys; valid for a day: for tests.
     pub fn generate(dir: &Path) -> TlsFiles {
         std::fs::create_dir_all(dir).expect("create the certificate directory");
         openssl(
@@ -67,7 +84,9 @@ impl TlsFiles {
                 "req",
                 "-x509",
                 "-newkey",
-                "rsa:2048",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
                 "-nodes",
                 "-days",
                 "1",
@@ -79,51 +98,73 @@ impl TlsFiles {
                 "/CN=leasehold test CA",
             ],
         );
+        let mut files = TlsFiles {
+            cert: PathBuf::new(),
+            key: PathBuf::new(),
+            ca: dir.join("ca.crt"),
+            client_cert: PathBuf::new(),
+            client_key: PathBuf::new(),
+        };
+        (files.cert, files.key) = files.issue("server", "127.0.0.1", Some(LOOPBACK_NAMES), 1);
+        (files.client_cert, files.client_key) = files.issue("client", "postgres", None, 1);
+        files
+    }
+
+    /// A certificate and key signed by this CA, as `<name>.crt` and `<name>.key` next
+    /// to it: with common name `cn`; a server certificate for `san` (e.g.
+    /// `DNS:elsewhere.invalid`), or a client certificate without one; valid for `days`
+    /// days (`-1`: expired since yesterday).
+    pub fn issue(&self, name: &str, cn: &str, san: Option<&str>, days: i32) -> (PathBuf, PathBuf) {
+        let dir = self.ca.parent().expect("the CA is in a directory");
+        let (key, csr, crt, ext) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+            format!("{name}.ext"),
+        );
         openssl(
             dir,
             &[
                 "req",
                 "-newkey",
-                "rsa:2048",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
                 "-nodes",
                 "-keyout",
-                "server.key",
+                &key,
                 "-out",
-                "server.csr",
+                &csr,
                 "-subj",
-                "/CN=127.0.0.1",
+                &format!("/CN={cn}"),
             ],
         );
-        std::fs::write(
-            dir.join("san.ext"),
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-        )
-        .expect("write san.ext");
+        let extensions = match san {
+            Some(san) => format!("subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n"),
+            None => "extendedKeyUsage=clientAuth\n".to_owned(),
+        };
+        std::fs::write(dir.join(&ext), extensions).expect("write the extensions");
         openssl(
             dir,
             &[
                 "x509",
                 "-req",
                 "-in",
-                "server.csr",
+                &csr,
                 "-CA",
                 "ca.crt",
                 "-CAkey",
                 "ca.key",
                 "-CAcreateserial",
                 "-days",
-                "1",
+                &days.to_string(),
                 "-out",
-                "server.crt",
+                &crt,
                 "-extfile",
-                "san.ext",
+                &ext,
             ],
         );
-        TlsFiles {
-            cert: dir.join("server.crt"),
-            key: dir.join("server.key"),
-            ca: dir.join("ca.crt"),
-        }
+        (dir.join(crt), dir.join(key))
     }
 }
 
@@ -376,7 +417,14 @@ impl RedisServer {
                 .arg(&tls.key)
                 .arg("--tls-ca-cert-file")
                 .arg(&tls.ca)
-                .args(["--tls-auth-clients", "no"]);
+                .args([
+                    "--tls-auth-clients",
+                    if self.options.tls_auth_clients {
+                        "yes"
+                    } else {
+                        "no"
+                    },
+                ]);
         }
         if self.options.cluster {
             // A dead primary is noticed after 1 s, so a replica takes over within
@@ -387,6 +435,10 @@ impl RedisServer {
                 .args(["--cluster-config-file", "nodes.conf"])
                 .args(["--cluster-node-timeout", "1000"])
                 .args(["--cluster-require-full-coverage", "no"]);
+            if self.options.tls.is_some() {
+                // The slot map then names the TLS ports, and the cluster bus is TLS.
+                cmd.args(["--tls-cluster", "yes"]);
+            }
         }
         let child = cmd
             .stdin(Stdio::null())
