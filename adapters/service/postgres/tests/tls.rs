@@ -220,10 +220,7 @@ fn postgres_keeps_the_contract_over_mutual_tls() {
             .await
             .expect("mutual TLS");
         service.mark_data_set_new().await.unwrap();
-        let mut caps = leasehold_conformance::Capabilities::new(ms(300));
-        // The contender's check a tolerance before a TTL ends is one more TLS round
-        // trip on a loaded 2-core machine: 30 ms of room of 300 ms (etcd's run: 300 of 1,000).
-        caps.tolerance = ms(30);
+        let caps = leasehold_conformance::Capabilities::postgres(ms(300));
         leasehold_conformance::run_all(&service, &caps).await;
     });
 }
