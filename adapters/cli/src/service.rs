@@ -318,52 +318,29 @@ fn pg_may_come_up(e: &leasehold_postgres::PostgresLockError) -> bool {
     )
 }
 
-/// The TLS files for `rediss://`.
+/// `fn $name(builder, tls)`: `builder` with the TLS files, for a service whose
+/// builder has `tls_root_cert` and `tls_client_cert` (all three do).
 #[cfg(feature = "tls")]
-fn redis_tls(
-    mut builder: leasehold_redis::Builder,
-    tls: TlsPem,
-) -> Result<leasehold_redis::Builder, String> {
-    if let Some(ca) = tls.ca {
-        builder = builder.tls_root_cert(ca);
-    }
-    if let Some((cert, key)) = tls.client {
-        builder = builder.tls_client_cert(cert, key);
-    }
-    Ok(builder)
+macro_rules! tls_for {
+    ($name:ident, $builder:ty) => {
+        fn $name(mut builder: $builder, tls: TlsPem) -> Result<$builder, String> {
+            if let Some(ca) = tls.ca {
+                builder = builder.tls_root_cert(ca);
+            }
+            if let Some((cert, key)) = tls.client {
+                builder = builder.tls_client_cert(cert, key);
+            }
+            Ok(builder)
+        }
+    };
 }
-
-/// The TLS files for `etcd+https://`.
 #[cfg(feature = "tls")]
-fn etcd_tls(
-    mut builder: leasehold_etcd::Builder,
-    tls: TlsPem,
-) -> Result<leasehold_etcd::Builder, String> {
-    if let Some(ca) = tls.ca {
-        builder = builder.tls_root_cert(ca);
-    }
-    if let Some((cert, key)) = tls.client {
-        builder = builder.tls_client_cert(cert, key);
-    }
-    Ok(builder)
-}
-
-/// The TLS files for `postgres://`.
+tls_for!(redis_tls, leasehold_redis::Builder);
 #[cfg(feature = "tls")]
-fn postgres_tls(
-    mut builder: leasehold_postgres::Builder,
-    tls: TlsPem,
-) -> Result<leasehold_postgres::Builder, String> {
-    if let Some(ca) = tls.ca {
-        builder = builder.tls_root_cert(ca);
-    }
-    if let Some((cert, key)) = tls.client {
-        builder = builder.tls_client_cert(cert, key);
-    }
-    Ok(builder)
-}
+tls_for!(etcd_tls, leasehold_etcd::Builder);
+#[cfg(feature = "tls")]
+tls_for!(postgres_tls, leasehold_postgres::Builder);
 
-/// Without TLS support the TLS files are a usage error.
 #[cfg(not(feature = "tls"))]
 fn no_tls<B>(_: B, _: TlsPem) -> Result<B, String> {
     Err(
