@@ -72,9 +72,12 @@ pub enum ConfigError {
     /// `renew_interval >= ttl - drift(ttl) - margin`: the local safe deadline would
     /// pass before the first renewal is even sent.
     RenewIntervalNotBelowSafeWindow,
-    /// `renew_interval + request_timeout >= ttl - drift(ttl) - margin`: the first
-    /// renewal could still be waiting for its answer when the safe deadline passes,
-    /// so a single slow answer would lose the lease without a retry.
+    /// `max(renew_interval, request_timeout) + request_timeout >= ttl - drift(ttl) -
+    /// margin`: a renewal could still be waiting for its answer when the safe deadline
+    /// passes, so answers that each arrive inside their own timeout could still lose
+    /// the lease. A renewal goes out `renew_interval` after the send of the one that
+    /// earned the deadline, but never before that one was answered, which can take a
+    /// whole request timeout.
     RenewalNotAnsweredInsideSafeWindow,
 }
 
@@ -96,7 +99,7 @@ impl fmt::Display for ConfigError {
                 "renew interval must be shorter than ttl minus drift minus margin"
             }
             ConfigError::RenewalNotAnsweredInsideSafeWindow => {
-                "renew interval plus request timeout must be shorter than ttl minus drift minus margin"
+                "the longer of renew interval and request timeout, plus request timeout, must be shorter than ttl minus drift minus margin"
             }
         })
     }
@@ -218,15 +221,30 @@ impl Config {
     }
 
     /// Whether a grant of `granted` can be held safely: its safe window
-    /// (`granted − drift − margin`) must outlast its first renewal *and* that
-    /// renewal's request timeout, the same inequality [`ConfigBuilder::build`] checks
-    /// for the configured TTL. A grant that does not fit is refused
+    /// (`granted − drift − margin`) must outlast a renewal cycle, the same inequality
+    /// [`ConfigBuilder::build`] checks for the configured TTL. A grant that does not
+    /// fit is refused
     /// ([`AcquireFailure::GrantTooShort`](crate::AcquireFailure::GrantTooShort)): the
     /// gate never opens for it.
     pub const fn accepts_grant(&self, granted: Duration) -> bool {
         let renew = self.renew_interval_for(granted);
-        let first_answer = renew.saturating_add(self.request_timeout);
-        !renew.is_zero() && first_answer.as_micros() < self.safe_window(granted).as_micros()
+        !renew.is_zero()
+            && self.renewal_cycle(renew).as_micros() < self.safe_window(granted).as_micros()
+    }
+
+    /// The longest time from the send of a confirmed request to the answer of the
+    /// renewal after it, when every answer comes inside its request timeout: the next
+    /// renewal goes out `renew` after that send, or when that request is answered if
+    /// that is later (one request in flight), and takes up to a request timeout
+    /// itself.
+    const fn renewal_cycle(&self, renew: Duration) -> Duration {
+        let timeout = self.request_timeout;
+        let next_send = if renew.as_micros() > timeout.as_micros() {
+            renew
+        } else {
+            timeout
+        };
+        next_send.saturating_add(timeout)
     }
 }
 
@@ -336,11 +354,7 @@ impl ConfigBuilder {
         if c.renew_interval.as_micros() >= window.as_micros() {
             return Err(ConfigError::RenewIntervalNotBelowSafeWindow);
         }
-        if c.renew_interval
-            .saturating_add(c.request_timeout)
-            .as_micros()
-            >= window.as_micros()
-        {
+        if c.renewal_cycle(c.renew_interval).as_micros() >= window.as_micros() {
             return Err(ConfigError::RenewalNotAnsweredInsideSafeWindow);
         }
         let mut c = c;
@@ -426,6 +440,30 @@ mod tests {
     fn the_configured_ttl_must_fit_its_own_renewal() {
         assert_eq!(
             Config::builder(ms(900)).request_timeout(ms(600)).build(),
+            Err(ConfigError::RenewalNotAnsweredInsideSafeWindow)
+        );
+    }
+
+    /// A request timeout longer than the renew interval paces the renewals: the next
+    /// one waits for the answer to the one before. TTL 900 ms, renewals every 41 µs
+    /// and a 652 ms timeout: a renewal answered after 651 ms earns a deadline 854 ms
+    /// after its send, and the next one, sent then, may be answered 1,303 ms after it.
+    #[test]
+    fn a_timeout_longer_than_the_renew_interval_must_fit_twice() {
+        let with = |renew: u64, timeout: u64| {
+            Config::builder(ms(900))
+                .renew_interval(Duration::from_micros(renew))
+                .request_timeout(ms(timeout))
+                .build()
+        };
+        assert_eq!(
+            with(41, 652),
+            Err(ConfigError::RenewalNotAnsweredInsideSafeWindow)
+        );
+        // The window is 900 − 0.9 (drift) − 45 (margin) = 854.1 ms.
+        assert!(with(41, 427).is_ok());
+        assert_eq!(
+            with(41, 428),
             Err(ConfigError::RenewalNotAnsweredInsideSafeWindow)
         );
     }

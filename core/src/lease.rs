@@ -84,7 +84,8 @@ pub struct Lease {
     config: Config,
     /// Latest `now` seen; earlier ones are clamped to it.
     latest: Instant,
-    /// While held, the safe deadline; while acquiring, when to give up.
+    /// While held, the safe deadline; while acquiring, when to give up; once a
+    /// release was sent, when to stop retrying it.
     deadline: Instant,
     /// When to send the next acquire or renewal; `Instant::MAX` for never (read it
     /// through the timer table only).
@@ -556,7 +557,7 @@ impl Lease {
             self.finish_release();
         } else {
             self.state = State::Releasing;
-            self.send(RequestKind::Release, now);
+            self.send_release(now);
         }
         Ok(())
     }
@@ -589,7 +590,8 @@ impl Lease {
                     self.state = State::RenewPending;
                     self.send(RequestKind::Renew, now);
                 }
-                _ => self.next_send = Instant::MAX,
+                // Once the term has ended, only a release is ever scheduled.
+                _ => self.send(RequestKind::Release, now),
             }
         }
     }
@@ -663,7 +665,7 @@ impl Lease {
         match response {
             Response::Acquire(outcome) => self.acquire_answered(now, outcome, gate),
             Response::Renew(outcome) => self.renew_answered(now, *outcome, gate),
-            Response::Release(_) => self.release_answered(),
+            Response::Release(outcome) => self.release_answered(now, outcome),
         }
         self.rerelease_if_free(now);
     }
@@ -978,7 +980,7 @@ impl Lease {
     fn rerelease_if_free(&mut self, now: Instant) {
         if self.flags.get(Flags::RERELEASE) && self.in_flight.is_none() {
             self.flags.set(Flags::RERELEASE, false);
-            self.send(RequestKind::Release, now);
+            self.send_release(now);
         }
     }
 
@@ -1040,9 +1042,23 @@ impl Lease {
         self.flags.set(Flags::ACTION_PENDING, false);
         self.next_send = Instant::MAX;
         if release {
-            self.send(RequestKind::Release, now);
+            self.send_release(now);
         }
         self.emit(event);
+    }
+
+    /// Sends a release of the term, retried until `now` plus twice the TTL while its
+    /// answers are unknown (see `release_answered`).
+    ///
+    /// Twice: a key nobody renews is gone one TTL after the service last extended it,
+    /// but a service may restart the TTL of every key on a failover (etcd's new leader
+    /// does), so the key can outlive the release's first send by the failover's length
+    /// plus one TTL. The longer of the granted and the configured TTL, as the
+    /// service may have granted more than asked.
+    fn send_release(&mut self, now: Instant) {
+        let ttl = self.granted.max(self.config.ttl());
+        self.deadline = now.saturating_add(ttl.saturating_mul(2));
+        self.send(RequestKind::Release, now);
     }
 
     /// `interval` times a factor in [0.5, 1.5], from the xorshift state; in whole µs,
@@ -1089,9 +1105,21 @@ impl Lease {
         self.end(State::Lost(reason), release, EventKind::Lost(reason), now);
     }
 
-    fn release_answered(&mut self) {
+    /// A release was answered, or timed out. The term ends (if it was releasing)
+    /// whatever the answer; a release whose outcome is unknown (a timeout, a broken
+    /// connection) is sent again after a jittered retry interval, until the bound set
+    /// when it was first sent: an orphaned key would block every contender for its
+    /// TTL. Any other answer is final: the key was deleted, was not ours, or never
+    /// will be deleted by us.
+    fn release_answered(&mut self, now: Instant, outcome: &ReleaseOutcome) {
         if matches!(self.state, State::Releasing) {
             self.finish_release();
+        }
+        if let ReleaseOutcome::Indeterminate(_) = outcome {
+            let retry = now.saturating_add(self.jittered(self.config.retry_interval()));
+            if retry < self.deadline {
+                self.next_send = retry;
+            }
         }
     }
 

@@ -404,13 +404,132 @@ fn rule5_unlock_is_best_effort_and_never_needed_for_the_flip() {
     let _ = r.renewal_due(at(300));
     r.lease.handle_timeout(at_us(WINDOW_US), &r.gate);
     let release = r.lease.poll_action().unwrap();
-    // The release never gets an answer; the term is over anyway and the timeout of
-    // the release changes nothing.
+    // The release never gets an answer; the term is over anyway, and the release's
+    // timeout and its retries change nothing but what is sent.
     assert_eq!(r.lease.state(), State::Lost(LossReason::Expired));
     r.lease.handle_timeout(at(2_000), &r.gate);
     assert!(!r.lease.is_awaiting(release.id()));
     assert_eq!(r.lease.state(), State::Lost(LossReason::Expired));
-    assert_eq!(r.lease.poll_timeout(), None);
+    assert_eq!(
+        r.check(at(2_000)),
+        Err(GateError::Lost(LossReason::Expired))
+    );
+    assert!(r
+        .drain_events()
+        .iter()
+        .all(|e| matches!(e, Event::Lost { .. })));
+}
+
+/// Sends every release the lease asks for until it stops, none of them answered (each
+/// times out); returns their send instants. Fires each timer when it is due.
+fn releases_until_silent(r: &mut Rig) -> Vec<Instant> {
+    let mut sent = Vec::new();
+    let mut now = at(0);
+    while let Some(due) = r.lease.poll_timeout() {
+        now = now.max(due);
+        r.lease.handle_timeout(now, &r.gate);
+        while let Some(action) = r.lease.poll_action() {
+            assert!(matches!(action, Action::Release { .. }), "{action:?}");
+            sent.push(now);
+        }
+        assert!(sent.len() < 1_000, "the retries never stop");
+    }
+    sent
+}
+
+#[test]
+fn rule6_a_release_whose_answer_is_lost_is_retried_within_twice_the_ttl() {
+    // After a voluntary release and after a loss alike.
+    for lose in [false, true] {
+        let mut r = Rig::new();
+        r.hold(at(0), at(1), 5);
+        let first = if lose {
+            r.lease.handle_timeout(at_us(WINDOW_US), &r.gate);
+            at_us(WINDOW_US)
+        } else {
+            r.lease.release(at(100), &r.gate).unwrap();
+            at(100)
+        };
+        let id = r.lease.poll_action().unwrap().id();
+        r.lease
+            .handle_response(
+                first + ms(5),
+                id,
+                ReleaseOutcome::Indeterminate(Indeterminate::Transport).into(),
+                &r.gate,
+            )
+            .unwrap();
+        // The term ended at the first answer; the release goes on in the background.
+        assert!(matches!(r.lease.state(), State::Released | State::Lost(_)));
+        let retries = releases_until_silent(&mut r);
+        // Jittered: 22.5 to 67.5 ms after each failure (a timeout is 90 ms), so
+        // between 1,800 / 157.5 and 1,800 / 112.5 of them fit in 2 T.
+        assert!((11..=17).contains(&retries.len()), "{}", retries.len());
+        assert!(
+            retries.iter().all(|&t| t < first + ms(1_800)),
+            "{retries:?}"
+        );
+        assert!(
+            retries.windows(2).all(|w| w[1] - w[0] >= ms(112)),
+            "{retries:?}"
+        );
+        assert_eq!(r.lease.poll_timeout(), None);
+        assert!(r.check(at(3_000)).is_err());
+    }
+}
+
+#[test]
+fn rule6_a_release_stops_at_its_first_answer_that_is_not_unknown() {
+    for last in [
+        ReleaseOutcome::Released,
+        ReleaseOutcome::NotOwner,
+        ReleaseOutcome::Refused(Refusal::Unauthorized),
+    ] {
+        let mut r = Rig::new();
+        r.hold(at(0), at(1), 5);
+        r.lease.release(at(100), &r.gate).unwrap();
+        let mut id = r.lease.poll_action().unwrap().id();
+        let unknown = ReleaseOutcome::Indeterminate(Indeterminate::Timeout);
+        for _ in 0..3 {
+            r.lease
+                .handle_response(r.lease.poll_timeout().unwrap(), id, unknown.into(), &r.gate)
+                .unwrap();
+            let retry_at = r.lease.poll_timeout().expect("a retry is scheduled");
+            r.lease.handle_timeout(retry_at, &r.gate);
+            match r.lease.poll_action() {
+                Some(Action::Release { id: next, .. }) => id = next,
+                other => panic!("{other:?}"),
+            }
+        }
+        r.lease
+            .handle_response(at(1_000), id, last.into(), &r.gate)
+            .unwrap();
+        assert_eq!(r.lease.poll_timeout(), None, "{last:?}");
+        assert_eq!(r.lease.poll_action(), None);
+        assert_eq!(r.lease.state(), State::Released);
+        // Only the first answer ended the term.
+        assert_eq!(r.drain_events(), [Event::Released]);
+    }
+}
+
+#[test]
+fn rule6_a_new_term_stops_the_old_terms_release() {
+    let mut r = Rig::new();
+    r.hold(at(0), at(1), 5);
+    r.lease.release(at(100), &r.gate).unwrap();
+    let id = r.lease.poll_action().unwrap().id();
+    r.lease
+        .handle_response(
+            at(105),
+            id,
+            ReleaseOutcome::Indeterminate(Indeterminate::Transport).into(),
+            &r.gate,
+        )
+        .unwrap();
+    assert!(r.lease.poll_timeout().is_some());
+    let _ = r.start(at(110));
+    // Only the acquire's own timers: its request timeout.
+    assert_eq!(r.lease.poll_timeout(), Some(at(200)));
 }
 
 #[test]

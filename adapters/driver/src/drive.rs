@@ -82,8 +82,10 @@ enum Wake {
 ///   the holder named by each "held by another" answer.
 ///
 /// Every request is bounded by the lease's request timeout: when the lease gives up
-/// on one, its future is dropped. The best-effort release after a loss is driven to
-/// its answer or timeout before this returns, but it never delays the gate.
+/// on one, its future is dropped. The release (after a loss, best effort) is driven
+/// until it is answered or its retries run out (see [`Lease::release`]) before this
+/// returns, but it never delays the gate nor the events: `Lost` and `Released` are
+/// reported when the term ends.
 ///
 /// Fails only if `lease` is in the middle of a term already.
 pub async fn run_term<S, C, R, F>(
@@ -161,16 +163,17 @@ where
             watched = held;
         }
 
-        match lease.state() {
-            State::Lost(reason) if request_id.is_none() => return Ok(TermEnd::Lost(reason)),
-            State::Released if request_id.is_none() => return Ok(TermEnd::Released),
-            State::NotAcquired(why) if request_id.is_none() => {
-                return Ok(TermEnd::NotAcquired(why))
-            }
-            _ => {}
+        // A lease with no request awaited and no timer armed has nothing left to
+        // send: its term is over, and so is its release, retries included.
+        let next = lease.poll_timeout();
+        if next.is_none() && request_id.is_none() {
+            return Ok(match lease.state() {
+                State::Lost(reason) => TermEnd::Lost(reason),
+                State::NotAcquired(why) => TermEnd::NotAcquired(why),
+                _ => TermEnd::Released,
+            });
         }
-
-        match lease.poll_timeout() {
+        match next {
             Some(at) if sleep.is_none() || at != sleeping_until => {
                 sleep.set(Some(clock.sleep_until(at)));
                 sleeping_until = at;

@@ -224,15 +224,38 @@ impl LeaseHandle {
     /// Ends the lease for every handle: writes stop at once, then the key is deleted at
     /// the service (compare-and-delete), best effort.
     ///
-    /// Completes when the driver task is done: the release answered or timed out
+    /// Completes when the term has ended: when the release is answered or times out
     /// (after at most the request timeout), or at once if the term already ended.
     /// Returns how the term ended — [`LeaseEnd::Released`], or the loss that came
     /// first. Writes never wait on this: they stopped when it was called.
+    ///
+    /// A release whose outcome is unknown (a timeout, a broken connection) goes on in
+    /// the background, retried until the service answers or twice the TTL has passed
+    /// (see [`Lease::release`](leasehold::Lease::release)), as long as the runtime
+    /// runs; [`settled`](Self::settled) waits for it.
     pub async fn release(&self) -> LeaseEnd {
         self.shared.request_release(trace::ReleaseWhy::Requested);
         self.shared
-            .wait_for(|shared| shared.finished().then(|| shared.end()).flatten())
+            .wait_for(|shared| {
+                let ended = shared.finished()
+                    || matches!(
+                        shared.state(),
+                        LeaseState::Released | LeaseState::Lost(_) | LeaseState::DriverStopped
+                    );
+                ended.then(|| shared.end()).flatten()
+            })
             .await
+    }
+
+    /// Completes when nothing is left to send for the term: it ended, and its release
+    /// (after a release or a loss) was answered, or its retries ran out, at most twice
+    /// the TTL after it was first sent. Bound it with a timeout before a process exits
+    /// (`leasehold run` waits at most a few retry intervals): what it waits for is
+    /// only that the next holder need not wait for the key's TTL.
+    pub async fn settled(&self) {
+        self.shared
+            .wait_for(|shared| shared.finished().then_some(()))
+            .await;
     }
 }
 

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use leasehold::{Instant, Lease};
-use leasehold_driver::{run_term, LockService, Target};
+use leasehold_driver::{run_term, LockService, Report, Target};
 
 use crate::shared::Shared;
 use crate::timed::Timed;
@@ -45,7 +45,7 @@ async fn drive<S: LockService + 'static>(timed: Timed<S>, give_up_at: Instant) {
         shared.clock(),
         give_up_at,
         shared.release_wanted(),
-        |report| shared.publish(report, tokio::time::Instant::now()),
+        |report| publish(&timed.service, shared, report, tokio::time::Instant::now()),
     );
     // Inside the lease's span (key, holder, fence), with the `tracing` feature.
     #[cfg(feature = "tracing")]
@@ -58,14 +58,28 @@ async fn drive<S: LockService + 'static>(timed: Timed<S>, give_up_at: Instant) {
     let _ = term.await;
     // The core's counters live in the lease, which the loop borrowed until now.
     timed.shared.record_core_stats(lease.stats());
-    note_release(&timed.service, &timed.shared);
+}
+
+/// Hands a driver's report to the handles. A term released after a grant first
+/// takes its turn (see [`note_release`]), so that an acquire started by a waiter of
+/// `release()`, which wakes on this report, finds it taken.
+pub(crate) fn publish<S: LockService + 'static>(
+    service: &Arc<S>,
+    shared: &Shared,
+    report: Report,
+    at: tokio::time::Instant,
+) {
+    if let Report::Event(leasehold::Event::Released) = report {
+        note_release(service, shared);
+    }
+    shared.publish(report, at);
 }
 
 /// Fair turns: after a release of a granted term, this process's next acquire of the
 /// key lets waiters go first (`leasehold::rules`, "Acquiring"). Not inlined into the
 /// task, whose future it would grow.
 #[inline(never)]
-pub(crate) fn note_release<S: LockService + 'static>(service: &Arc<S>, shared: &Shared) {
+fn note_release<S: LockService + 'static>(service: &Arc<S>, shared: &Shared) {
     if shared.end() == Some(LeaseEnd::Released) && shared.granted().is_some() {
         let backoff = shared.config().release_backoff().into();
         turns::released(service, &shared.key, backoff);

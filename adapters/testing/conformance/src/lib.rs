@@ -49,8 +49,9 @@ pub use clauses::names::{
 };
 pub use clauses::quarantine::a_lost_state_grants_nothing_until_the_quarantine_ends;
 pub use clauses::release::{
-    holder_reports_and_changes_nothing, release_by_another_token_is_not_owner,
-    release_by_the_holder_frees_the_key,
+    a_late_release_never_frees_the_next_holders_grant,
+    a_release_whose_first_tries_are_lost_frees_the_key, holder_reports_and_changes_nothing,
+    release_by_another_token_is_not_owner, release_by_the_holder_frees_the_key,
 };
 pub use clauses::renew::{
     a_renewal_holds_for_the_ttl_it_reports, a_renewal_replaces_the_expiry,
@@ -77,6 +78,8 @@ macro_rules! with_every_clause {
             renew_never_recreates_a_released_key,
             release_by_another_token_is_not_owner,
             release_by_the_holder_frees_the_key,
+            a_late_release_never_frees_the_next_holders_grant,
+            a_release_whose_first_tries_are_lost_frees_the_key,
             holder_reports_and_changes_nothing,
             invalid_keys_are_refused,
             odd_but_valid_keys_work_end_to_end,

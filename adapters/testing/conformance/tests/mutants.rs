@@ -74,6 +74,13 @@ enum Bug {
     /// A grant applies 55 % of the TTL it reports, and tells contenders the time left
     /// of the TTL it reported: only waiting for the TTL shows it.
     ShortGrant,
+    /// A release deletes the key when its holder has the identity the releasing
+    /// token was granted with (it compares who holds the key, not which term).
+    ReleaseByIdentity,
+    /// Every release is lost on the way: it answers `Indeterminate` and deletes
+    /// nothing. To the next holder, the same as a client that sends one release and
+    /// gives up when its answer is lost.
+    ReleaseNeverLands,
     /// A renewal applies 55 % of the TTL it reports, and tells contenders the time
     /// left of the TTL it reported.
     ShortRenewal,
@@ -96,6 +103,10 @@ struct Broken {
     /// `ShortGrant`, `ShortRenewal`: per key, the grant's fence and how much more
     /// than it applied it reported.
     claimed: Mutex<HashMap<String, (Fence, Duration)>>,
+    /// `ReleaseByIdentity`: the identity each token was granted a key with, and the
+    /// token of each key's latest grant.
+    identities: Mutex<HashMap<OwnerToken, Identity>>,
+    grantees: Mutex<HashMap<String, OwnerToken>>,
 }
 
 impl Broken {
@@ -110,6 +121,8 @@ impl Broken {
             granted: Mutex::default(),
             last: Mutex::default(),
             claimed: Mutex::default(),
+            identities: Mutex::default(),
+            grantees: Mutex::default(),
         }
     }
 
@@ -194,6 +207,8 @@ impl LockService for Broken {
         let outcome = self.inner.acquire(&key, token, &identity, asked).await;
         if let AcquireOutcome::Granted { fence, .. } = outcome {
             self.granted.lock().unwrap().insert(original.to_owned());
+            self.identities.lock().unwrap().insert(token, identity);
+            self.grantees.lock().unwrap().insert(key.clone(), token);
             self.last
                 .lock()
                 .unwrap()
@@ -312,6 +327,23 @@ impl LockService for Broken {
             && !key.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
         {
             return ReleaseOutcome::Refused(Refusal::InvalidKey);
+        }
+        if self.is(Bug::ReleaseNeverLands) {
+            return ReleaseOutcome::Indeterminate(leasehold::Indeterminate::Transport);
+        }
+        if self.is(Bug::ReleaseByIdentity) {
+            let same_identity = {
+                let grantee = self.grantees.lock().unwrap().get(key).copied();
+                let identities = self.identities.lock().unwrap();
+                grantee.filter(|&grantee| {
+                    grantee != token
+                        && identities.get(&token).is_some()
+                        && identities.get(&token) == identities.get(&grantee)
+                })
+            };
+            if let Some(grantee) = same_identity {
+                return self.inner.release(key, grantee).await;
+            }
         }
         let original = key;
         let key = &*self.stored(key);
@@ -449,6 +481,8 @@ mutant! {
     renew_reviving_expired: RenewRevivesExpired => renew_never_recreates_an_expired_key;
     renew_never_shortening: RenewNeverShortens => a_renewal_replaces_the_expiry;
     short_renewal: ShortRenewal => a_renewal_holds_for_the_ttl_it_reports;
+    release_by_identity: ReleaseByIdentity => a_late_release_never_frees_the_next_holders_grant;
+    release_never_landing: ReleaseNeverLands => a_release_whose_first_tries_are_lost_frees_the_key;
 }
 
 /// The clause that is not in `check_all` (it takes a hook that makes the service lose

@@ -24,7 +24,7 @@ use tokio::time::Sleep;
 use super::timers::Timers;
 use super::wake::{Inbox, LeaseWake, Registration};
 use crate::shared::Shared;
-use crate::task::note_release;
+use crate::task::publish;
 use crate::LeaseClock;
 
 /// A request or watch of one lease, owning what it borrows.
@@ -227,7 +227,6 @@ impl<S: LockService + 'static> Driver<S> {
         if outcome == Step::Ended {
             if let Some(entry) = self.slots.take(slot) {
                 entry.shared.record_core_stats(entry.lease.stats());
-                note_release(&self.service, &entry.shared);
             }
         }
     }
@@ -359,7 +358,7 @@ fn step<S: LockService + 'static>(
         let mut at = None;
         while let Some(event) = lease.poll_event() {
             let at = *at.get_or_insert_with(tokio::time::Instant::now);
-            shared.publish(Report::Event(event), at);
+            publish(service, shared, Report::Event(event), at);
         }
         // Drop the I/O of a request the lease no longer waits for.
         if request
@@ -373,15 +372,12 @@ fn step<S: LockService + 'static>(
         if held != watch.as_ref().map(|(fence, _)| *fence) {
             *watch = held.map(|fence| (fence, Some(revoked(service, shared, lease, fence))));
         }
-        if request.is_none()
-            && matches!(
-                lease.state(),
-                State::Lost(_) | State::Released | State::NotAcquired(_)
-            )
-        {
+        // No request awaited and no timer armed: the term is over, and so is its
+        // release, retries included.
+        let next = lease.poll_timeout();
+        if request.is_none() && next.is_none() {
             return Step::Ended;
         }
-        let next = lease.poll_timeout();
         if next != *due {
             *due = next;
             if let Some(at) = next {

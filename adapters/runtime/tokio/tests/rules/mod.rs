@@ -164,14 +164,14 @@ async fn a_stall_longer_than_the_budget_expires_the_lease_before_the_service_doe
         [300_000, 435_000, 570_000, 705_000, 840_000],
         "every 90 ms timeout + 45 ms retry, the last before 854.1 ms"
     );
-    // The best-effort release went out only after the gate had closed.
+    // The best-effort release (retried, as the stalled service never answers it)
+    // went out only after the gate had closed.
     let seen = seen_by_requests.lock().unwrap();
     let releases: Vec<_> = seen.iter().filter(|(k, _)| *k == Kind::Release).collect();
-    assert_eq!(releases.len(), 1);
-    assert_eq!(
-        releases[0].1,
-        Err(CheckError::Gate(GateError::Lost(LossReason::Expired)))
-    );
+    assert!(!releases.is_empty());
+    assert!(releases
+        .iter()
+        .all(|(_, check)| *check == Err(CheckError::Gate(GateError::Lost(LossReason::Expired)))));
 }
 
 #[tokio::test(start_paused = true)]
