@@ -145,7 +145,9 @@ fn main() {
             };
             line(ms(now), "lease", what);
         }
-        if lease.state() == State::Released {
+        // Released, and nothing left to send (a release whose answer is lost is
+        // retried after the term has ended).
+        if lease.state() == State::Released && lease.poll_timeout().is_none() {
             break;
         }
 

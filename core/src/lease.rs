@@ -37,7 +37,9 @@ use crate::{
 /// [`RequestId`]), `poll_event` until `None`, then re-arm a timer for `poll_timeout`.
 /// Each call produces at most one action and one event, so a driver that drains after
 /// every call loses nothing; one that does not sees only the newest (counted in
-/// [`Stats::overwritten_events`]).
+/// [`Stats::overwritten_events`]). The lease has nothing left to do once
+/// `poll_timeout` is `None` and no request is awaited: a driver of one term stops
+/// there, not at the `Lost` or `Released` event (a release may still be retried).
 ///
 /// Every call takes `now` from one monotonic clock. Time only moves forward: a `now`
 /// earlier than one already seen is treated as that one. `poll_timeout` is a soft
@@ -198,7 +200,8 @@ pub enum Action {
         ttl: Duration,
     },
     /// Delete the key if the owner token of `term` still holds it. Best effort: writes
-    /// stopped already, and nothing waits for the answer but `Released`.
+    /// stopped already, and nothing waits for the answer but `Released`. Sent again
+    /// (under a new id) while its outcome is unknown, for up to twice the TTL.
     Release {
         /// Tag the answer with this.
         id: RequestId,
@@ -529,7 +532,15 @@ impl Lease {
     /// Ends the term politely: the gate closes first, then a release is requested.
     ///
     /// The term ends in `Released` whatever the release's outcome, at the latest one
-    /// request timeout later. While acquiring, a release is sent if any acquire of the
+    /// request timeout later. A release whose outcome is unknown (timed out, or
+    /// answered [`ReleaseOutcome::Indeterminate`]) is sent again after a jittered
+    /// [`retry_interval`](Config::retry_interval) until the service answers anything
+    /// else, or twice the TTL after its first send, so an orphaned key does not block
+    /// the next holder for its TTL; the same holds for the release after a loss or
+    /// after giving up. The term has ended meanwhile: a driver keeps calling
+    /// [`handle_timeout`](Self::handle_timeout) while
+    /// [`poll_timeout`](Self::poll_timeout) is `Some`, and a new term stops the
+    /// retries. While acquiring, a release is sent if any acquire of the
     /// term may have been granted (one in flight, or one whose answer never came);
     /// otherwise the term is released at once. Past the safe deadline (not yet fired
     /// by [`handle_timeout`](Self::handle_timeout)) the term has already ended: it

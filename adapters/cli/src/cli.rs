@@ -148,6 +148,10 @@ pub struct RunArgs {
     pub conflict_exit_code: u8,
 
     /// The lease's TTL: how long the service keeps the key after the last renewal.
+    /// Renewals go out every TTL/3. To ride out a failover of the service (etcd: twice
+    /// its election timeout; Redis Sentinel: down-after-milliseconds plus about 1 s),
+    /// the TTL must exceed 2.2 × (failover + a round trip); shorter, a failover ends
+    /// the lease and stops the command.
     #[arg(long, value_parser = duration::parse, default_value = "10s")]
     pub ttl: Duration,
 

@@ -104,7 +104,21 @@ pub async fn run<S: LockService + 'static>(service: Arc<S>, args: &RunArgs, out:
     let code = supervise(&lease, args, grace, identity, &mut signals, out).await;
     let end = lease.release().await;
     tracing::info!(key = %args.key, %end, "lease ended");
+    // A release whose answer was lost is retried in the background; give it a little
+    // time to land, so the next holder need not wait out the TTL.
+    let settle = release_wait(config);
+    if tokio::time::timeout(settle, lease.settled()).await.is_err() {
+        tracing::warn!(key = %args.key, ?settle, "release not confirmed; the service's TTL frees the key");
+    }
     code
+}
+
+/// How long `run` waits, after the command's term ended, for a release whose answer
+/// was lost: three request timeouts, time for the first try and one retry that each
+/// take their whole timeout (3 s at the default 10 s TTL). Past it, leasehold exits
+/// with the command's status and the key's TTL frees it.
+fn release_wait(config: Config) -> std::time::Duration {
+    std::time::Duration::from(config.request_timeout()) * 3
 }
 
 /// Sends the release an acquire dropped mid-way may owe (an attempt may have been
