@@ -292,12 +292,12 @@ fn bad_input_gets_clear_messages_and_distinct_codes() {
         assert_eq!(code, Some(125), "{err}");
         assert!(
             err.contains(&format!("--ttl {ttl} is too short"))
-                && err.contains("use --ttl 163ms or more"),
+                && err.contains("use --ttl 211ms or more"),
             "{err}"
         );
         assert!(started.elapsed() < Duration::from_secs(2));
     }
-    let (code, err) = run(&url, d, &["run", "--ttl", "163ms", "k", "--", "true"]);
+    let (code, err) = run(&url, d, &["run", "--ttl", "211ms", "k", "--", "true"]);
     assert_eq!(code, Some(0), "the shortest TTL it names works: {err}");
 
     let (code, err) = run(
