@@ -117,10 +117,12 @@ pub async fn check_all<S: LocalLockService>(s: &S, caps: &Capabilities) -> Vec<V
         panic!("leasehold conformance: invalid capabilities: {why}");
     }
     let mut violations = Vec::new();
+    // Each clause boxed: inline, the clauses' futures made this one so large that
+    // polling it overflowed a test thread's stack (etcd's, unoptimised).
     macro_rules! run {
         ($($clause:ident),* $(,)?) => {
             $(
-                if let Err(violation) = $clause(s, caps).await {
+                if let Err(violation) = Box::pin($clause(s, caps)).await {
                     violations.push(violation);
                 }
             )*
