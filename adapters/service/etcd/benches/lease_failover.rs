@@ -179,11 +179,7 @@ async fn holder_killed_raw(cluster: &EtcdCluster, ttl: Duration, round: usize) -
     let proxy = Proxy::start(cluster.client_port(0)).await;
     let key = format!("killed-raw-{round}");
     let mut holder = raw_client(vec![proxy_endpoint(&proxy)]).await;
-    let lease = holder
-        .lease_grant(ttl.as_secs().max(1) as i64, None)
-        .await
-        .expect("grant")
-        .id();
+    let lease = raw_grant(&mut holder, ttl).await;
     create(&mut holder, &key, lease).await;
     let keeper = tokio::spawn(async move {
         let (mut keeper, mut answers) = holder.lease_keep_alive(lease).await.expect("keep-alive");
@@ -196,20 +192,23 @@ async fn holder_killed_raw(cluster: &EtcdCluster, ttl: Duration, round: usize) -
         }
     });
     let mut contender = raw_client(cluster.endpoints()).await;
-    let contender_lease = contender
-        .lease_grant(ttl.as_secs().max(1) as i64, None)
-        .await
-        .expect("grant")
-        .id();
+    // Granted up front, so that the grant of the key is one transaction; it must
+    // outlive the wait (a put on an expired lease is refused).
+    let contender_lease = raw_grant(&mut contender, 5 * ttl).await;
     let waiting = tokio::spawn(async move {
         loop {
             if create(&mut contender, &key, contender_lease).await {
                 return;
             }
-            let mut stream = contender
+            // A failed request (a member restarted the round before) is tried
+            // again, as a careful raw client would.
+            let Ok(mut stream) = contender
                 .watch(key.as_str(), Some(WatchOptions::new()))
                 .await
-                .expect("watch");
+            else {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            };
             if create(&mut contender, &key, contender_lease).await {
                 return;
             }
@@ -250,6 +249,18 @@ async fn raw_client(endpoints: Vec<String>) -> Client {
     .expect("raw client")
 }
 
+/// A lease of TTL `ttl`; a failed request (a member restarted the round before) is
+/// tried again.
+async fn raw_grant(client: &mut Client, ttl: Duration) -> i64 {
+    for _ in 0..50 {
+        if let Ok(answer) = client.lease_grant(ttl.as_secs().max(1) as i64, None).await {
+            return answer.id();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no lease granted in 50 attempts");
+}
+
 /// Puts `key` attached to `lease` if it does not exist; whether it did.
 async fn create(client: &mut Client, key: &str, lease: i64) -> bool {
     let txn = Txn::new()
@@ -278,11 +289,7 @@ impl RawLeases {
             let mut client = client.clone();
             let log = Arc::new(Mutex::new(Vec::new()));
             renewed.push(log.clone());
-            let lease = client
-                .lease_grant(ttl.as_secs().max(1) as i64, None)
-                .await
-                .expect("grant")
-                .id();
+            let lease = raw_grant(&mut client, ttl).await;
             create(&mut client, &format!("raw-{round}-{i}"), lease).await;
             log.lock().unwrap().push(Instant::now());
             tasks.push(tokio::spawn(async move {
