@@ -409,6 +409,15 @@ fn classify_status(status: &tonic::Status) -> ErrorKind {
     }
 }
 
+/// Whether `status` reports a failure to reach etcd or to hear from it in time
+/// (made by the transport), rather than an answer etcd sent.
+pub(crate) fn is_transport_status(status: &tonic::Status) -> bool {
+    matches!(
+        classify_status(status),
+        ErrorKind::Transport | ErrorKind::Timeout(_)
+    )
+}
+
 /// A status's message with its source chain (tonic hides the transport cause there).
 pub(crate) fn status_text(status: &tonic::Status) -> String {
     let mut text = format!("{:?}: {}", status.code(), status.message());
@@ -574,6 +583,65 @@ mod tests {
             )),
             ErrorKind::Service
         );
+    }
+
+    /// What etcd answers while its leader changes or its quorum is briefly away
+    /// (etcd 3.4's `rpctypes`: each with the code etcd sends, and with the codes a
+    /// proxy or another version may put on the same text) is transient: a `Service`
+    /// error the lease retries, never a final refusal. So are the transport's own
+    /// failures meanwhile (a member killed under the connection).
+    #[test]
+    fn leader_changes_and_quorum_loss_are_transient_not_refusals() {
+        use tonic::Code;
+        let etcd_says = [
+            "etcdserver: no leader",
+            "etcdserver: leader changed",
+            "etcdserver: not leader",
+            "etcdserver: request timed out",
+            "etcdserver: request timed out, possibly due to previous leader failure",
+            "etcdserver: request timed out, possibly due to connection lost",
+            "etcdserver: request timed out, waiting for the applied index took too long",
+            "etcdserver: unhealthy cluster",
+            "etcdserver: server stopped",
+            "etcdserver: too many requests",
+        ];
+        let codes = [
+            Code::Unavailable,
+            Code::Unknown,
+            Code::DeadlineExceeded,
+            Code::Aborted,
+            Code::Internal,
+        ];
+        for message in etcd_says {
+            for code in codes {
+                let err = from_status(tonic::Status::new(code, message));
+                assert_eq!(err.kind(), ErrorKind::Service, "{code:?} {message}");
+                assert_eq!(err.refusal(), None, "{code:?} {message}");
+                assert_eq!(err.indeterminate(), Indeterminate::Service);
+            }
+        }
+        for (status, kind) in [
+            (
+                tonic::Status::unavailable("tcp connect error: Connection refused"),
+                ErrorKind::Transport,
+            ),
+            (
+                tonic::Status::unknown("transport error: connection reset"),
+                ErrorKind::Transport,
+            ),
+            (
+                tonic::Status::cancelled("h2 stream reset"),
+                ErrorKind::Transport,
+            ),
+            (
+                tonic::Status::deadline_exceeded("Timeout expired"),
+                ErrorKind::Timeout(None),
+            ),
+        ] {
+            let err = from_status(status);
+            assert_eq!(err.kind(), kind, "{err:?}");
+            assert_eq!(err.refusal(), None, "{err:?}");
+        }
     }
 
     /// Display names the request, the key, the endpoints and what to do; the cause is

@@ -7,6 +7,7 @@ mod epoch;
 mod error;
 mod keep_alive;
 mod lock_service;
+mod members;
 mod requests;
 mod service;
 #[cfg(feature = "tls")]

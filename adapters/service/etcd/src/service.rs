@@ -37,7 +37,7 @@ pub struct EtcdLockService {
 }
 
 pub(crate) struct Shared {
-    client: Client,
+    pub(crate) client: Client,
     /// The endpoints, as configured: named in every error.
     pub(crate) endpoints: Arc<str>,
     /// The etcd lease behind each grant this service made, by key and token: the
@@ -53,6 +53,8 @@ pub(crate) struct Shared {
     /// The epoch marker's and the quarantine's names (see `epoch.rs`).
     pub(crate) marker_key: Box<str>,
     pub(crate) quarantine_key: Box<str>,
+    /// Which members are out of the channel's rotation (see `members.rs`).
+    pub(crate) rotation: crate::members::Rotation,
 }
 
 /// One grant as etcd holds it.
@@ -166,6 +168,7 @@ pub struct Builder {
     request_timeout: std::time::Duration,
     connect_timeout: std::time::Duration,
     keep_alive: Option<(std::time::Duration, std::time::Duration)>,
+    member_checks: Option<(std::time::Duration, std::time::Duration)>,
     require_leader: bool,
     user: Option<(String, String)>,
     watch_retry: std::time::Duration,
@@ -221,6 +224,26 @@ impl Builder {
     /// `--grpc-keepalive-min-time` (5 s by default). `None` disables them.
     pub fn keep_alive(mut self, ping: Option<(std::time::Duration, std::time::Duration)>) -> Self {
         self.keep_alive = ping;
+        self
+    }
+
+    /// With several endpoints, each member is asked for its status every `interval`
+    /// on a connection of its own; one that does not answer within `timeout` (killed,
+    /// stopped, unreachable) is taken out of the channel's rotation until it answers
+    /// again, so that requests stop going to it. Default `(500 ms, 500 ms)`: a dead
+    /// or stopped member is avoided within a second. Why: the channel picks a member
+    /// at random among those whose connection looks ready, and a stopped member's
+    /// does (its kernel still accepts connections), so without these checks it gets a
+    /// share of the requests, each waiting for its whole timeout. Any answer counts
+    /// (a "no leader" during an election too), and the last member in rotation is
+    /// never taken out. `None` disables them; they are off with
+    /// [`connect_options`](Self::connect_options) (the probes need options without
+    /// a user) and with one endpoint.
+    pub fn member_checks(
+        mut self,
+        checks: Option<(std::time::Duration, std::time::Duration)>,
+    ) -> Self {
+        self.member_checks = checks;
         self
     }
 
@@ -302,29 +325,7 @@ impl Builder {
         }
         let options = match self.options.clone() {
             Some(options) => options,
-            None => {
-                let mut options = ConnectOptions::new()
-                    .with_connect_timeout(self.connect_timeout)
-                    .with_require_leader(self.require_leader);
-                if let Some((interval, timeout)) = self.keep_alive {
-                    options = options.with_keep_alive(interval, timeout);
-                }
-                if let Some((name, password)) = self.user.clone() {
-                    // A token can expire (JWT) or be forgotten (a member restart), and
-                    // then every request would be refused until the process restarts.
-                    options = options
-                        .with_user(name, password)
-                        .with_auto_token_refresh(true);
-                }
-                #[cfg(feature = "tls")]
-                if self.uses_tls() {
-                    let tls = self.tls.options(self.connect_timeout).map_err(|e| {
-                        EtcdLockError::new(Op::Connect, ErrorKind::Config, &endpoints).because(e)
-                    })?;
-                    options = options.with_tls(tls);
-                }
-                options
-            }
+            None => self.built_options(true, &endpoints)?,
         };
         if ttl_secs(Duration::from(self.max_ttl)).is_none() {
             return Err(
@@ -359,12 +360,90 @@ impl Builder {
             }
         };
 
-        Ok(
-            EtcdLockService::with_endpoints(client, endpoints, &self.epoch_prefix)
+        let service =
+            EtcdLockService::with_endpoints(client, endpoints.clone(), &self.epoch_prefix)
                 .with_request_timeout(self.request_timeout)
                 .with_watch_retry(self.watch_retry)
-                .with_max_ttl(self.max_ttl),
-        )
+                .with_max_ttl(self.max_ttl);
+        if let (Some((interval, timeout)), None, true) =
+            (self.member_checks, &self.options, self.endpoints.len() > 1)
+        {
+            self.start_member_checks(&service, &endpoints, interval, timeout)
+                .await?;
+        }
+        Ok(service)
+    }
+
+    /// The connect options the setters describe; the user's credentials only if
+    /// `with_user`.
+    fn built_options(
+        &self,
+        with_user: bool,
+        endpoints: &Arc<str>,
+    ) -> Result<ConnectOptions, EtcdLockError> {
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(self.connect_timeout)
+            .with_require_leader(self.require_leader);
+        if let Some((interval, timeout)) = self.keep_alive {
+            options = options.with_keep_alive(interval, timeout);
+        }
+        if let (Some((name, password)), true) = (self.user.clone(), with_user) {
+            // A token can expire (JWT) or be forgotten (a member restart), and
+            // then every request would be refused until the process restarts.
+            options = options
+                .with_user(name, password)
+                .with_auto_token_refresh(true);
+        }
+        #[cfg(feature = "tls")]
+        if self.uses_tls() {
+            let tls = self.tls.options(self.connect_timeout).map_err(|e| {
+                EtcdLockError::new(Op::Connect, ErrorKind::Config, endpoints).because(e)
+            })?;
+            options = options.with_tls(tls);
+        }
+        #[cfg(not(feature = "tls"))]
+        let _ = endpoints;
+        Ok(options)
+    }
+
+    /// One client per member (without the user: `Status` needs no credentials, and
+    /// the probe must not depend on authenticating), and the tasks that use them to
+    /// keep a silent member out of rotation (see `members.rs`).
+    async fn start_member_checks(
+        &self,
+        service: &EtcdLockService,
+        endpoints: &Arc<str>,
+        interval: std::time::Duration,
+        timeout: std::time::Duration,
+    ) -> Result<(), EtcdLockError> {
+        #[cfg(feature = "tls")]
+        let tls = self.uses_tls();
+        #[cfg(not(feature = "tls"))]
+        let tls = false;
+        let options = self
+            .built_options(false, endpoints)?
+            .with_connect_timeout(self.connect_timeout.min(timeout));
+        let mut probes = Vec::with_capacity(self.endpoints.len());
+        for endpoint in &self.endpoints {
+            let probe = Client::connect([endpoint], Some(options.clone()))
+                .await
+                .map_err(|err| EtcdLockError::from_client(Op::Connect, endpoints, err))?;
+            probes.push(probe);
+        }
+        let keys = self
+            .endpoints
+            .iter()
+            .map(|e| crate::members::channel_key(e, tls))
+            .collect();
+        crate::members::start(
+            &service.shared,
+            self.endpoints.clone(),
+            keys,
+            probes,
+            interval,
+            timeout,
+        );
+        Ok(())
     }
 }
 
@@ -424,6 +503,10 @@ impl EtcdLockService {
                 std::time::Duration::from_secs(10),
                 std::time::Duration::from_secs(5),
             )),
+            member_checks: Some((
+                std::time::Duration::from_millis(500),
+                std::time::Duration::from_millis(500),
+            )),
             require_leader: true,
             user: None,
             watch_retry: std::time::Duration::from_millis(100),
@@ -462,6 +545,7 @@ impl EtcdLockService {
                 memory: Memory::default(),
                 marker_key: crate::epoch::marker_key(epoch_prefix).into(),
                 quarantine_key: crate::epoch::quarantine_key(epoch_prefix).into(),
+                rotation: crate::members::Rotation::default(),
             }),
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             watch_retry: std::time::Duration::from_millis(100),
@@ -503,6 +587,12 @@ impl EtcdLockService {
     /// The endpoints, as configured (named in every error).
     pub fn endpoints(&self) -> &str {
         &self.shared.endpoints
+    }
+
+    /// The endpoints (as configured) of the members taken out of rotation because
+    /// they did not answer their last status check ([`Builder::member_checks`]).
+    pub fn members_out(&self) -> Vec<String> {
+        self.shared.rotation.endpoints_out()
     }
 
     /// The etcd lease behind `token`'s grant of `key`, if this service made it and it

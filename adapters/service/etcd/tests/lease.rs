@@ -1,6 +1,6 @@
 //! Leases driven by the tokio adapter (`leasehold_tokio::acquire`) on real etcd: the
 //! watch ending a lease, a member restarting under a held lease, etcd down longer than
-//! the TTL, and a 3-member cluster losing its leader. Storage behind a `FenceGate`
+//! the TTL (the 3-member faults are in `failover.rs`). Storage behind a `FenceGate`
 //! checks that no write of an old holder is admitted after a newer fence.
 
 mod common;
@@ -8,77 +8,13 @@ mod common;
 use std::sync::Arc;
 
 use common::{
-    client, config, identity, ms, proxy_endpoint, service, service_on, std_ms, token, value,
-    within, EtcdCluster, Proxy, Storage, Timing,
+    assert_busy_with, client, config, hold, identity, proxy_endpoint, renewed_after, service,
+    service_on, std_ms, value, within, EtcdCluster, Proxy, Storage,
 };
-use leasehold::{Event, Fence, LossReason};
-use leasehold_etcd::{EtcdLockService, NotHeld, Renewed};
-use leasehold_tokio::{
-    acquire, acquire_with, try_acquire, AcquireError, AcquireOptions, LeaseEnd, LeaseHandle,
-    TimedEvent,
-};
-use tokio::sync::broadcast;
+use leasehold::LossReason;
+use leasehold_etcd::Renewed;
+use leasehold_tokio::{acquire, acquire_with, try_acquire, AcquireOptions, LeaseEnd};
 use tokio::time::Instant;
-
-async fn hold(service: &EtcdLockService, key: &str, ttl_ms: u64) -> LeaseHandle {
-    within(
-        5_000,
-        acquire(Arc::new(service.clone()), key, config(ttl_ms)),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("acquire {key}: {e}"))
-}
-
-/// A contender was refused because the key is held by the holder with `fence`, and
-/// says who that is. `remaining` may be 0 right after a fault: the service reports 0
-/// when the `LeaseTimeToLive` after its read fails (the service tests check it on a
-/// settled cluster).
-#[track_caller]
-fn assert_busy_with(refused: Option<AcquireError>, fence: Fence) {
-    match refused {
-        Some(AcquireError::Busy {
-            holder: Some(holder),
-        }) => {
-            assert_eq!(holder.fence, fence);
-            assert!(!holder.identity.is_empty(), "hostname:pid by default");
-            assert!(
-                holder.remaining <= leasehold::Duration::from_secs(3),
-                "{holder:?}"
-            );
-        }
-        other => panic!("expected Busy with the holder, got {other:?}"),
-    }
-}
-
-/// A contender that keeps trying `key` for up to 2 s, as one would while a cluster
-/// settles after a fault (a single attempt may meet a leader change): its error.
-async fn contend(service: &EtcdLockService, key: &str) -> Option<AcquireError> {
-    let options = AcquireOptions::new().max_wait(std_ms(2_000));
-    let contender = acquire_with(Arc::new(service.clone()), key, config(3_000), options);
-    within(6_000, contender).await.err()
-}
-
-/// The next `Renewed` event seen after `after`, or the loss if one comes first.
-async fn renewed_after(
-    events: &mut broadcast::Receiver<TimedEvent>,
-    after: Instant,
-) -> Result<Instant, LossReason> {
-    loop {
-        match events.recv().await {
-            Ok(TimedEvent {
-                at,
-                event: Event::Renewed { .. },
-                ..
-            }) if at > after => return Ok(at),
-            Ok(TimedEvent {
-                event: Event::Lost { reason },
-                ..
-            }) => return Err(reason),
-            Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-            Err(broadcast::error::RecvError::Closed) => panic!("the lease's events ended"),
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tokio_lease_renews_and_releases() {
@@ -256,83 +192,6 @@ async fn etcd_down_longer_than_the_ttl_loses_the_lease_safely() {
         .await
         .unwrap();
     assert!(matches!(renewed, Renewed::NotOwner(_)), "{renewed:?}");
-}
-
-/// Three members on loopback; the leader is killed while two leases are held: one
-/// renewed by the tokio adapter, one whose holder stopped renewing (crashed). etcd
-/// leases survive a leader change (the new leader restores them with a fresh TTL), so
-/// the renewed lease is kept — renewals go through the survivors — and a contender is
-/// refused; the crashed holder's lease expires and a contender gets that key with a
-/// higher fence.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_members_leader_killed_while_holding() {
-    let mut cluster = EtcdCluster::start(3, Timing::FAST);
-    let service = service(&cluster).await;
-    let storage = Storage::default();
-
-    let a = hold(&service, "orders", 3_000).await;
-    let mut events = a.events();
-    let crashed = token();
-    let crashed_fence = match service
-        .try_acquire("jobs", crashed, &identity("crashed"), ms(2_000))
-        .await
-        .unwrap()
-    {
-        leasehold_etcd::Acquired::Granted { fence, .. } => fence,
-        other => panic!("{other:?}"),
-    };
-    storage.write(crashed_fence).unwrap();
-
-    let leader = cluster.leader(std_ms(5_000)).await;
-    let killed = Instant::now();
-    cluster.kill(leader);
-    let new_leader = cluster.leader(std_ms(5_000)).await;
-    assert_ne!(new_leader, leader);
-    eprintln!(
-        "leader m{leader} killed; m{new_leader} leads after {:?}",
-        killed.elapsed()
-    );
-
-    // The renewed lease survives: a renewal confirmed after the kill.
-    let renewed = within(4_000, renewed_after(&mut events, killed))
-        .await
-        .expect("A's lease survives the leader change");
-    eprintln!("A renewed {:?} after the kill", renewed - killed);
-    assert_eq!(a.check(), Ok(a.granted_fence()));
-    // The contender is a client of the surviving members: one whose endpoint list
-    // still has the killed member can spend its whole wait bound on a request to it
-    // (and then, rightly, report the service unavailable rather than busy).
-    let survivors = (0..cluster.size()).filter(|&i| i != leader);
-    let contender = service_on(survivors.map(|i| cluster.endpoint(i)).collect()).await;
-    assert_busy_with(contend(&contender, "orders").await, a.granted_fence());
-
-    // The crashed holder's lease expires; a contender then gets the key.
-    let b = within(
-        8_000,
-        acquire(Arc::new(service.clone()), "jobs", config(2_000)),
-    )
-    .await
-    .expect("B acquires after the crashed holder's lease expires");
-    eprintln!("B granted `jobs` {:?} after the kill", killed.elapsed());
-    assert!(
-        b.granted_fence() > crashed_fence,
-        "{} > {crashed_fence}",
-        b.granted_fence()
-    );
-    storage.write(b.check().unwrap()).unwrap();
-    assert!(
-        storage.write(crashed_fence).is_err(),
-        "the crashed holder's late write is refused"
-    );
-    assert_eq!(
-        service
-            .try_renew("jobs", crashed, crashed_fence)
-            .await
-            .unwrap(),
-        Renewed::NotOwner(NotHeld::LeaseGone)
-    );
-    storage.assert_no_stale_admitted();
-    assert_eq!(within(2_000, a.release()).await, LeaseEnd::Released);
 }
 
 /// Three clients take turns on one key through the tokio adapter, each holding it

@@ -5,6 +5,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
@@ -57,6 +58,8 @@ struct Member {
     tls_port: u16,
     peer_port: u16,
     child: Option<Child>,
+    /// Stopped by [`EtcdCluster::pause`] and not resumed.
+    paused: AtomicBool,
 }
 
 /// `size` etcd members forming one cluster; every member killed when dropped.
@@ -132,6 +135,7 @@ impl EtcdCluster {
                     tls_port: free_port(),
                     peer_port: free_port(),
                     child: None,
+                    paused: AtomicBool::new(false),
                 })
                 .collect();
             let started = (0..size)
@@ -212,6 +216,7 @@ impl EtcdCluster {
         if let Some(child) = self.members[i].child.take() {
             stop_and_reap(child, "etcd");
         }
+        self.members[i].paused.store(false, Ordering::Relaxed);
     }
 
     /// `SIGKILL` member `i`, by pid, and reap it. Nothing if it is not running.
@@ -219,6 +224,7 @@ impl EtcdCluster {
         if let Some(child) = self.members[i].child.take() {
             kill_and_reap(child);
         }
+        self.members[i].paused.store(false, Ordering::Relaxed);
     }
 
     /// `SIGSTOP` member `i`: it stops answering clients and peers, its connections
@@ -229,6 +235,7 @@ impl EtcdCluster {
     /// When it is not running.
     pub fn pause(&self, i: usize) {
         signal(self.running(i), Signal::SIGSTOP, "etcd");
+        self.members[i].paused.store(true, Ordering::Relaxed);
     }
 
     /// `SIGCONT` after [`pause`](Self::pause).
@@ -238,6 +245,7 @@ impl EtcdCluster {
     /// When it is not running.
     pub fn resume(&self, i: usize) {
         signal(self.running(i), Signal::SIGCONT, "etcd");
+        self.members[i].paused.store(false, Ordering::Relaxed);
     }
 
     /// Starts member `i` again on its ports and data directory (its WAL is replayed)
@@ -344,7 +352,8 @@ impl EtcdCluster {
         self.wait_healthy(0);
     }
 
-    /// The index of the leader, as every running member agrees; waits up to `limit`
+    /// The index of the leader, as every running member agrees (a
+    /// [`pause`](Self::pause)d one cannot answer and is not asked); waits up to `limit`
     /// for an election to settle.
     ///
     /// # Panics
@@ -352,14 +361,16 @@ impl EtcdCluster {
     /// When the running members do not agree on a leader within `limit`.
     pub async fn leader(&self, limit: Duration) -> usize {
         let give_up = tokio::time::Instant::now() + limit;
+        let answering =
+            |i: &usize| self.is_running(*i) && !self.members[*i].paused.load(Ordering::Relaxed);
         loop {
             let mut seen = Vec::new();
-            for i in (0..self.size()).filter(|&i| self.is_running(i)) {
+            for i in (0..self.size()).filter(answering) {
                 if let Some((me, leader)) = status(self.client_port(i)).await {
                     seen.push((i, me, leader));
                 }
             }
-            let running = (0..self.size()).filter(|&i| self.is_running(i)).count();
+            let running = (0..self.size()).filter(answering).count();
             let leader = seen.first().map_or(0, |s| s.2);
             if leader != 0 && seen.len() == running && seen.iter().all(|s| s.2 == leader) {
                 if let Some(&(i, _, _)) = seen.iter().find(|s| s.1 == leader) {
@@ -628,6 +639,7 @@ mod tests {
         assert!(health(port).is_none(), "a paused member does not answer");
         cluster.resume(0);
         assert!(healthy(&cluster, 0));
+        assert_eq!(cluster.leader(Duration::from_secs(5)).await, 0);
         let pid = cluster.pid(0).unwrap();
         cluster.pause(0);
         drop(cluster);

@@ -11,8 +11,15 @@ use std::net::TcpStream;
 use std::sync::Once;
 use std::time::Duration as StdDuration;
 
-use leasehold::{Config, Duration, Identity, OwnerToken, Term};
+use std::sync::Arc;
+
+use leasehold::{Config, Duration, Event, Fence, Identity, LossReason, OwnerToken, Term};
 use leasehold_etcd::EtcdLockService;
+use leasehold_tokio::{
+    acquire, acquire_with, AcquireError, AcquireOptions, LeaseHandle, TimedEvent,
+};
+use tokio::sync::broadcast;
+use tokio::time::Instant;
 
 #[allow(unused_imports)]
 pub use leasehold_test_support::{
@@ -161,4 +168,62 @@ fn http_get(port: u16, path: &str) -> Option<String> {
     let mut reply = String::new();
     let _ = stream.read_to_string(&mut reply);
     reply.split("\r\n\r\n").nth(1).map(str::to_owned)
+}
+
+/// A lease on `key` through the tokio adapter (TTL `ttl_ms`, see [`config`]).
+pub async fn hold(service: &EtcdLockService, key: &str, ttl_ms: u64) -> LeaseHandle {
+    within(
+        5_000,
+        acquire(Arc::new(service.clone()), key, config(ttl_ms)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("acquire {key}: {e}"))
+}
+
+/// The next `Renewed` event seen after `after`, or the loss if one comes first.
+pub async fn renewed_after(
+    events: &mut broadcast::Receiver<TimedEvent>,
+    after: Instant,
+) -> Result<Instant, LossReason> {
+    loop {
+        match events.recv().await {
+            Ok(TimedEvent {
+                at,
+                event: Event::Renewed { .. },
+                ..
+            }) if at > after => return Ok(at),
+            Ok(TimedEvent {
+                event: Event::Lost { reason },
+                ..
+            }) => return Err(reason),
+            Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+            Err(broadcast::error::RecvError::Closed) => panic!("the lease's events ended"),
+        }
+    }
+}
+
+/// A contender was refused because the key is held by the holder with `fence`, and
+/// says who that is. `remaining` may be 0 right after a fault: the service reports 0
+/// when the `LeaseTimeToLive` after its read fails (the service tests check it on a
+/// settled cluster).
+#[track_caller]
+pub fn assert_busy_with(refused: Option<AcquireError>, fence: Fence) {
+    match refused {
+        Some(AcquireError::Busy {
+            holder: Some(holder),
+        }) => {
+            assert_eq!(holder.fence, fence);
+            assert!(!holder.identity.is_empty(), "hostname:pid by default");
+            assert!(holder.remaining <= Duration::from_secs(3), "{holder:?}");
+        }
+        other => panic!("expected Busy with the holder, got {other:?}"),
+    }
+}
+
+/// A contender that keeps trying `key` for up to 2 s, as one would while a cluster
+/// settles after a fault (a single attempt may meet a leader change): its error.
+pub async fn contend(service: &EtcdLockService, key: &str) -> Option<AcquireError> {
+    let options = AcquireOptions::new().max_wait(std_ms(2_000));
+    let contender = acquire_with(Arc::new(service.clone()), key, config(3_000), options);
+    within(6_000, contender).await.err()
 }
