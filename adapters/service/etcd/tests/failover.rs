@@ -192,6 +192,60 @@ async fn a_follower_killed_while_holding() {
     holder_keeps_its_lease_through(Fault::KillFollower).await;
 }
 
+/// A T too small for the fault: the leader and a follower are stopped (no quorum, so
+/// no election can finish) until the holder's lease is lost, then resumed. The
+/// best-effort release after the loss meets the stopped cluster and is retried (the
+/// core's release retries), so it lands once a leader is elected: a contender is
+/// granted the key soon after, not after the orphaned grant's TTL — which etcd's new
+/// leader restarts in full on taking over, so without the retries the key would stay
+/// taken for at least a TTL after the resume. And within 2 T of the fault.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_lost_to_a_stalled_cluster_frees_its_key_once_a_leader_is_back() {
+    let mut cluster = EtcdCluster::start(3, Timing::FAST);
+    let service = service(&cluster).await;
+    let lease = hold(&service, "orders", TTL_MS).await;
+    let mut events = lease.events();
+    within(2_000, renewed_after(&mut events, Instant::now()))
+        .await
+        .expect("renewed before the fault");
+
+    let leader = cluster.leader(std_ms(5_000)).await;
+    let follower = (leader + 1) % cluster.size();
+    let fault = Instant::now();
+    cluster.pause(leader);
+    cluster.pause(follower);
+    let end = within(2 * TTL_MS, lease.lost()).await;
+    assert_eq!(end, LeaseEnd::Lost(leasehold::LossReason::Expired));
+    let lost = fault.elapsed();
+    cluster.resume(leader);
+    cluster.resume(follower);
+    let resumed = Instant::now();
+
+    // The contender keeps trying (every 75 to 225 ms, jittered) until it is granted.
+    let contender = within(
+        4 * TTL_MS,
+        acquire(Arc::new(service.clone()), "orders", config(TTL_MS)),
+    )
+    .await
+    .expect("the contender is granted the key");
+    let granted = Instant::now();
+    eprintln!(
+        "lost {lost:?} after the fault; contender granted {:?} after the resume, {:?} after the fault",
+        granted - resumed,
+        granted - fault
+    );
+    assert!(contender.granted_fence() > lease.granted_fence());
+    assert!(
+        granted - resumed < std_ms(TTL_MS),
+        "the released key was free before the orphaned grant's TTL could end"
+    );
+    assert!(
+        granted - fault < std_ms(2 * TTL_MS),
+        "within 2 T of the fault"
+    );
+    assert_eq!(within(2_000, contender.release()).await, LeaseEnd::Released);
+}
+
 /// Two of three members killed: the last one loses its leader and answers "etcdserver:
 /// no leader" at once (the service asks etcd to refuse rather than wait,
 /// `require_leader`). Each such answer is a transient `Service` error, not a refusal;
