@@ -201,7 +201,7 @@ async fn a_follower_killed_while_holding() {
 /// taken for at least a TTL after the resume. And within 2 T of the fault.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_lost_to_a_stalled_cluster_frees_its_key_once_a_leader_is_back() {
-    let mut cluster = EtcdCluster::start(3, Timing::FAST);
+    let cluster = EtcdCluster::start(3, Timing::FAST);
     let service = service(&cluster).await;
     let lease = hold(&service, "orders", TTL_MS).await;
     let mut events = lease.events();
