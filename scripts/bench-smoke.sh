@@ -18,17 +18,15 @@
 # Each fails on any error or unexpected answer, never on a ratio (the figures come from
 # the full runs: `cargo bench -p leasehold-redis --bench renew`,
 # `cargo bench -p leasehold-etcd --bench renew_rate`,
-# `cargo bench -p leasehold-postgres --bench renew`). Built in the test profile, so they
-# reuse the build of the tests stage: about 10 s of running each.
+# `cargo bench -p leasehold-postgres --bench renew`). Built in the test profile: about
+# 10 s of running each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export LEASEHOLD_BENCH_SMOKE=1
-cargo test -p leasehold-redis --bench renew --locked
-cargo test -p leasehold-redis --bench replicated --locked
-cargo test -p leasehold-etcd --bench renew_rate --locked
+# One build per crate, with the features every bench of it needs (and the tls stage's
+# test uses): each set of features is a build of the crate and its dependencies.
+cargo test -p leasehold-redis --features tls,cluster --locked \
+    --bench renew --bench replicated --bench many_leases --bench cluster_renew --bench tls_renew
+cargo test -p leasehold-etcd --features tls --locked --bench renew_rate --bench tls_renew
 cargo test -p leasehold-postgres --bench renew --locked
 cargo test -p leasehold-tokio --bench many_leases --locked
-cargo test -p leasehold-redis --bench many_leases --locked
-cargo test -p leasehold-redis --features cluster --bench cluster_renew --locked
-cargo test -p leasehold-redis --features tls --bench tls_renew --locked
-cargo test -p leasehold-etcd --features tls --bench tls_renew --locked
