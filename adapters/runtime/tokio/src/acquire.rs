@@ -158,6 +158,23 @@ impl fmt::Display for AcquireError {
 
 impl std::error::Error for AcquireError {}
 
+impl AcquireError {
+    /// Whether acquiring again, with the same key, service and config, would end the
+    /// same way: an invalid key, a final refusal (credentials, a key holding something
+    /// else), a grant too short for the config, no random source. The others —
+    /// busy, the service unavailable, a loss before use, a stopped driver — may not
+    /// recur, and a caller may wait and try again.
+    pub const fn is_final(&self) -> bool {
+        matches!(
+            self,
+            AcquireError::InvalidKey(_)
+                | AcquireError::Refused(_)
+                | AcquireError::GrantTooShort
+                | AcquireError::NoEntropy
+        )
+    }
+}
+
 /// Acquires `key` on `service`, waiting (retrying about every `retry_interval`,
 /// jittered) while another owner holds it or the service does not answer, and keeps
 /// it renewed (every third of the granted TTL by default) until it is lost,

@@ -63,7 +63,8 @@ impl CheckError {
     }
 
     /// Why the lease was lost, when this refusal is a loss — already on the first
-    /// refusal, before the driver task has run and [`LeaseHandle::end`] says so.
+    /// refusal, before the driver task has run (from that refusal on,
+    /// [`LeaseHandle::end`] says so too).
     ///
     /// [`GateError::Lost`] carries its reason. [`GateError::DeadlinePassed`] (the
     /// worker saw the deadline pass before the driver did) is
@@ -110,16 +111,22 @@ impl LeaseHandle {
     /// check and the write.
     pub fn check(&self) -> Result<Fence, CheckError> {
         let now = self.shared.clock().now();
-        let fence = match self.shared.gate.check(now) {
-            Ok(fence) => fence,
-            Err(GateError::Paused) => return Err(CheckError::Gate(paused_or_expired(self, now))),
-            Err(refused) => return Err(CheckError::Gate(refused)),
+        let refused = match self.shared.gate.check(now) {
+            Ok(fence) => match self.shared.stop_cause() {
+                None => return Ok(fence),
+                Some(StopCause::Release) => return Err(CheckError::ReleaseRequested),
+                Some(StopCause::DriverGone) => return Err(CheckError::DriverStopped),
+            },
+            Err(GateError::Paused) => CheckError::Gate(paused_or_expired(self, now)),
+            Err(refused) => CheckError::Gate(refused),
         };
-        match self.shared.stop_cause() {
-            None => Ok(fence),
-            Some(StopCause::Release) => Err(CheckError::ReleaseRequested),
-            Some(StopCause::DriverGone) => Err(CheckError::DriverStopped),
+        // A loss is the term's end from this refusal on, also before the driver has
+        // reported it (it has not run since the gate flipped or the deadline passed):
+        // `end()` and `lost()` agree with what the worker was just told.
+        if let Some(reason) = refused.loss() {
+            self.shared.ended_by(reason);
         }
+        Err(refused)
     }
 
     /// The fence the service granted this term, for logs, metrics and labels.

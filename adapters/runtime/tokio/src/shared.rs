@@ -187,6 +187,19 @@ impl Shared {
         self.status().state
     }
 
+    /// A `check()` was refused for a loss the driver may not have reported yet: the
+    /// term ended by it, unless it had ended already.
+    pub(crate) fn ended_by(&self, reason: LossReason) {
+        {
+            let mut status = self.status();
+            if status.end.is_some() {
+                return;
+            }
+            end_once(&mut status, LeaseEnd::Lost(reason));
+        }
+        self.changed.notify_waiters();
+    }
+
     pub(crate) fn end(&self) -> Option<LeaseEnd> {
         self.status().end
     }

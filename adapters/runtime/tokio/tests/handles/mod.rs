@@ -420,6 +420,7 @@ async fn an_invalid_key_is_refused_before_anything_is_sent() {
             .await
             .unwrap_err();
         assert_eq!(err, AcquireError::InvalidKey(expected), "{key:?}");
+        assert!(err.is_final(), "no retry can make the key valid");
         assert!(
             err.to_string().starts_with("cannot acquire: invalid key"),
             "{err}"
@@ -446,6 +447,7 @@ async fn a_wait_bound_ends_an_acquire_against_a_service_that_never_answers() {
         err,
         AcquireError::Unavailable(leasehold::Indeterminate::Timeout)
     );
+    assert!(!err.is_final(), "the service may answer a later acquire");
     // Every attempt is sent before 500 ms, and the last one's request timeout (90 ms)
     // bounds the rest; it gives up once the next retry (22.5 to 67.5 ms after a
     // failure) would fall at or after 500 ms.
@@ -541,6 +543,13 @@ async fn the_first_refusal_names_the_loss_before_the_driver_has_run() {
     let refused = lease.check().unwrap_err();
     assert_eq!(refused.loss(), Some(LossReason::Expired), "{refused}");
     assert!(!refused.is_temporary());
+    // From that refusal on, the handle says the term ended, and why.
+    assert_eq!(lease.end(), Some(LeaseEnd::Lost(LossReason::Expired)));
+    assert_eq!(
+        poll_once(&mut Box::pin(lease.lost())),
+        Some(LeaseEnd::Lost(LossReason::Expired))
+    );
+    assert!(lease.cancellation_token().is_cancelled());
     assert_eq!(
         lease.granted_fence(),
         Fence(1),
