@@ -94,7 +94,20 @@ impl KeepAlives {
         // etcd-client's `lease_keep_alive` sends a first keep-alive and checks its
         // answer (TTL 0 → "lease not found") but does not hand its TTL over: the second
         // keep-alive's answer is the one reported, a renewal too, sent after the first.
-        let (keeper, answers) = client.lease_keep_alive(lease).await?;
+        // Right after a cut, the channel may hand the new stream to the connection
+        // that is closing, before it has noticed ("connection closed"): that failure
+        // happens before anything reaches etcd, and a second try goes out on a new
+        // connection.
+        let opened = match client.lease_keep_alive(lease).await {
+            Err(etcd_client::Error::GRpcStatus(status))
+                if crate::error::is_transport_status(&status) =>
+            {
+                tracing::trace!(lease, %status, "keep-alive stream not opened; trying again");
+                client.lease_keep_alive(lease).await
+            }
+            opened => opened,
+        };
+        let (keeper, answers) = opened?;
         let mut stream = Idle { keeper, answers };
         let answer = stream.exchange().await?;
         if answer.as_ref().is_some_and(|a| a.ttl() > 0) {
