@@ -19,14 +19,29 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# A run builds every crate several ways into one target directory. Without incremental
+# caches and with line tables only in test binaries (a backtrace keeps file and line), a
+# full run on an empty directory fits in the space `df` prints below; with cargo's
+# defaults it needs more than twice that. Set either variable to keep your own.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+export CARGO_PROFILE_DEV_DEBUG=${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}
+
+target_dir=${CARGO_TARGET_DIR:-target}
+free_space() {
+    mkdir -p "$target_dir"
+    df -h --output=avail "$target_dir" | tail -1 | tr -d ' '
+}
+
 stage() {
     local name=$1
     shift
     local start=$SECONDS
     echo "::: ${name}"
     "$@"
-    echo "::: ${name} ok ($((SECONDS - start)) s)"
+    echo "::: ${name} ok ($((SECONDS - start)) s, $(du -sh "$target_dir" | cut -f1) built, $(free_space) free)"
 }
+
+echo "::: disk: $(free_space) free for ${target_dir}"
 
 stage setup bash scripts/setup.sh
 stage fmt cargo fmt --all --check
