@@ -43,15 +43,20 @@ use crate::{
 ///
 /// Every call takes `now` from one monotonic clock. Time only moves forward: a `now`
 /// earlier than one already seen is treated as that one. `poll_timeout` is a soft
-/// deadline: calling `handle_timeout` early, late or twice is harmless. Answers to
-/// requests the lease no longer waits for (old ids, previous terms, duplicates, and
-/// any id not handed out by `poll_action` yet) are refused with [`StaleResponse`] and
-/// change nothing — with three exceptions that can only make the lease *safer*: a
-/// late "not owner" to a renewal of the current term ends it
+/// deadline: calling `handle_timeout` early, late or twice is harmless. An answer to a
+/// request the lease no longer waits for (an old id, a previous term, a duplicate, an
+/// id not handed out by `poll_action` yet, an answer of the wrong kind) is
+/// [`Handled::Ignored`] and changes nothing — with three exceptions that can only
+/// make the lease *safer*: a late "not owner" to a renewal of the current term ends it
 /// ([`LossReason::NotOwner`]), and so does a late renewal that confirms a shorter TTL
-/// than asked ([`LossReason::Shortened`]); a late grant to an acquire of the current
-/// term, after it ended, is released again (an [`Action::Release`]), and the gate
-/// never opens for it. The [rules](crate::rules) say why.
+/// than asked ([`LossReason::Shortened`]) ([`Handled::EndedTerm`]); a late grant to an
+/// acquire of the current term, after it ended, is released again
+/// ([`Handled::ReleaseQueued`]), and the gate never opens for it. The
+/// [rules](crate::rules) say why.
+///
+/// Request ids are unique within one `Lease`, not across leases: each lease numbers its
+/// requests from term 1, sequence 1 ([`RequestId::term`], [`RequestId::sequence`]). A
+/// driver of several leases on one connection keys an answer by (lease, id).
 ///
 /// Use one `WriteGate` per `Lease`, and always the same one: the lease is its only writer.
 ///
@@ -174,6 +179,7 @@ pub enum State {
 #[must_use = "an action must be sent to the lock service"]
 pub enum Action {
     /// Acquire the key for `ttl` with the owner token of `term`.
+    #[non_exhaustive]
     Acquire {
         /// Tag the answer with this.
         id: RequestId,
@@ -189,6 +195,7 @@ pub enum Action {
     /// key was deleted and a late duplicate of this term's acquire re-created it, the
     /// service holds a newer fence for the same token, and extending that one would
     /// keep alive a lease this client cannot write with.
+    #[non_exhaustive]
     Renew {
         /// Tag the answer with this.
         id: RequestId,
@@ -202,6 +209,7 @@ pub enum Action {
     /// Delete the key if the owner token of `term` still holds it. Best effort: writes
     /// stopped already, and nothing waits for the answer but `Released`. Sent again
     /// (under a new id) while its outcome is unknown, for up to twice the TTL.
+    #[non_exhaustive]
     Release {
         /// Tag the answer with this.
         id: RequestId,
@@ -217,6 +225,7 @@ pub enum Action {
 #[non_exhaustive]
 pub enum Event {
     /// The lease was granted; writes may start.
+    #[non_exhaustive]
     Acquired {
         /// The term that began.
         term: Term,
@@ -228,6 +237,7 @@ pub enum Event {
         granted: Duration,
     },
     /// An acquire attempt failed.
+    #[non_exhaustive]
     AcquireFailed {
         /// Why.
         reason: AcquireFailure,
@@ -237,11 +247,13 @@ pub enum Event {
         retry_at: Option<Instant>,
     },
     /// A renewal was confirmed.
+    #[non_exhaustive]
     Renewed {
         /// The new safe deadline.
         deadline: Instant,
     },
     /// A renewal's outcome is unknown; the lease is still held until its deadline.
+    #[non_exhaustive]
     RenewFailed {
         /// Why.
         reason: Indeterminate,
@@ -253,6 +265,7 @@ pub enum Event {
         writes_paused: bool,
     },
     /// The term ended in loss. The gate was closed before this was emitted.
+    #[non_exhaustive]
     Lost {
         /// Why.
         reason: LossReason,
@@ -293,19 +306,63 @@ impl fmt::Display for AcquireFailure {
 /// Counters for things a driver may want to log.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
 pub struct Stats {
-    /// Responses and notices refused as stale (see [`StaleResponse`]).
+    /// Answers and notices that were not the ones awaited ([`Ignored::Stale`], and the
+    /// late answers that still changed the lease).
     pub stale_responses: u32,
+    /// Answers of the wrong kind for the request in flight ([`Ignored::WrongKind`]):
+    /// a driver that mixed up its requests, or a garbled connection.
+    pub wrong_kind_answers: u32,
     /// Events replaced before `poll_event` took them (the driver did not drain).
     pub overwritten_events: u32,
 }
 
-/// A response or notice this lease is not waiting for: an unknown or old request id,
-/// a duplicate, the wrong kind of answer, or a previous term. It was ignored and
-/// counted; it changed nothing.
+/// What an answer or notice did to the lease ([`Lease::handle_response`],
+/// [`Lease::handle_revoked`]).
+///
+/// Whatever it says, drain `poll_action` and `poll_event` after the call, as after any
+/// input. Only [`Handled::Ignored`] promises that nothing changed: a loop may skip the
+/// drain on it, never on the other three.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub struct StaleResponse;
+#[must_use = "only `Handled::Ignored` means the lease is unchanged"]
+#[non_exhaustive]
+pub enum Handled {
+    /// The answer to the request in flight (or a revocation of the grant held): the
+    /// lease moved on, and an event or a request may be queued.
+    Applied,
+    /// Not the answer awaited, yet the term ended in this call: a late "not owner",
+    /// refusal or shorter TTL for a renewal of the held term, or the safe deadline had
+    /// passed at `now`. A `Lost` event is queued.
+    EndedTerm,
+    /// Not the answer awaited, yet a late grant to an acquire of the term, after the
+    /// term ended, may hold the key: a release of the term is queued (or goes out once
+    /// the request in flight is answered).
+    ReleaseQueued,
+    /// Changed nothing; counted in [`Stats`].
+    Ignored(Ignored),
+}
+
+/// Why an answer or notice was [`Handled::Ignored`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
+pub enum Ignored {
+    /// Not awaited: an old or unknown request id, a duplicate, a previous term, a
+    /// revocation of a fence not held, or a late answer that proves nothing.
+    Stale,
+    /// The id of the request in flight, answered with another kind of answer (a
+    /// renewal's outcome for an acquire, say). The request stays in flight.
+    WrongKind,
+}
+
+impl Handled {
+    /// Whether the call changed the lease (anything but [`Handled::Ignored`]).
+    pub const fn changed(self) -> bool {
+        !matches!(self, Handled::Ignored(_))
+    }
+}
 
 /// [`Lease::acquire`] was called while a term is still running.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -323,12 +380,6 @@ pub struct NotActive {
     pub state: State,
 }
 
-impl fmt::Display for StaleResponse {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("stale response: not the request this lease is waiting for")
-    }
-}
-impl core::error::Error for StaleResponse {}
 
 impl fmt::Display for AlreadyActive {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -385,7 +436,7 @@ impl Action {
 
 /// The term an id belongs to (its high 32 bits).
 const fn term_of(id: u64) -> Term {
-    Term((id >> 32) as u32)
+    RequestId(id).term()
 }
 
 impl Lease {
@@ -410,6 +461,7 @@ impl Lease {
             fence: Fence(0),
             stats: Stats {
                 stale_responses: 0,
+                wrong_kind_answers: 0,
                 overwritten_events: 0,
             },
             jitter: jitter_seed(owner),
@@ -609,10 +661,12 @@ impl Lease {
 
     /// The lock service answered request `id`.
     ///
-    /// Refused as [`StaleResponse`] unless it answers the request in flight, handed
-    /// out by [`poll_action`](Self::poll_action) (a request this very call queued,
-    /// such as the release after an expiry it detected, cannot have been answered
-    /// yet) — except that two kinds of late answer are read for what they prove:
+    /// [`Handled::Applied`] if it answers the request in flight, handed out by
+    /// [`poll_action`](Self::poll_action) (a request this very call queued, such as the
+    /// release after an expiry it detected, cannot have been answered yet). Any other
+    /// answer is ignored and counted in [`Stats`] ([`Ignored::WrongKind`] for the id in
+    /// flight with another kind of answer, [`Ignored::Stale`] for the rest) — except
+    /// that two kinds of late answer are read for what they prove:
     ///
     /// * a late answer to a renewal of the current, still held term: "not owner" ends
     ///   the term ([`LossReason::NotOwner`]: under the owner-and-fence compare it
@@ -628,17 +682,19 @@ impl Lease {
     ///   fence); a late grant of an older term is only counted. The gate never opens
     ///   for a late grant.
     ///
-    /// All of them still return `Err(StaleResponse)` and are counted, as the request
-    /// was not the one in flight.
+    /// Those return [`Handled::EndedTerm`] and [`Handled::ReleaseQueued`] and are counted
+    /// as stale, as the request was not the one in flight. So is any answer in a call
+    /// whose `now` is past the safe deadline: the deadline ends the term first
+    /// ([`Handled::EndedTerm`]).
     pub fn handle_response(
         &mut self,
         now: Instant,
         id: RequestId,
         response: Response,
         gate: &WriteGate,
-    ) -> Result<(), StaleResponse> {
+    ) -> Handled {
         let now = self.advance(now);
-        self.expire_if_due(now, gate);
+        let expired = self.expire_if_due(now, gate);
         let kind = match response {
             Response::Acquire(_) => RequestKind::Acquire,
             Response::Renew(_) => RequestKind::Renew,
@@ -647,20 +703,26 @@ impl Lease {
         // Only a request that was handed out can be answered: the expiry above may
         // just have queued the loss's release under the next id, which no answer can
         // carry yet (taking one for it would keep that release from going out).
-        if self.in_flight != Some(kind)
-            || id.0 != self.last_id
-            || self.flags.get(Flags::ACTION_PENDING)
-        {
-            match response {
-                Response::Renew(outcome) => self.late_renewal(now, id, outcome, gate),
-                Response::Acquire(AcquireOutcome::Granted { .. }) => self.late_grant(now, id),
-                Response::Acquire(_) | Response::Release(_) => {}
-            }
-            self.stats.stale_responses = self.stats.stale_responses.saturating_add(1);
-            return Err(StaleResponse);
+        let handed_out = id.0 == self.last_id && !self.flags.get(Flags::ACTION_PENDING);
+        if handed_out && self.in_flight == Some(kind) {
+            self.answered(now, &response, gate);
+            return Handled::Applied;
         }
-        self.answered(now, &response, gate);
-        Ok(())
+        if handed_out && self.in_flight.is_some() {
+            self.stats.wrong_kind_answers = self.stats.wrong_kind_answers.saturating_add(1);
+            return Handled::Ignored(Ignored::WrongKind);
+        }
+        self.stats.stale_responses = self.stats.stale_responses.saturating_add(1);
+        let late = match response {
+            Response::Renew(outcome) => self.late_renewal(now, id, outcome, gate),
+            Response::Acquire(AcquireOutcome::Granted { .. }) => self.late_grant(now, id),
+            Response::Acquire(_) | Response::Release(_) => Handled::Ignored(Ignored::Stale),
+        };
+        if expired {
+            Handled::EndedTerm
+        } else {
+            late
+        }
     }
 
     /// The request in flight was answered with `response` (of its kind), or timed out
@@ -687,20 +749,18 @@ impl Lease {
     /// Applies only while that very grant is held; a notice about another fence, or
     /// one that arrives after the term ended (also by its deadline passing in this
     /// very call), is stale and changes nothing.
-    pub fn handle_revoked(
-        &mut self,
-        now: Instant,
-        fence: Fence,
-        gate: &WriteGate,
-    ) -> Result<(), StaleResponse> {
+    pub fn handle_revoked(&mut self, now: Instant, fence: Fence, gate: &WriteGate) -> Handled {
         let now = self.advance(now);
-        self.expire_if_due(now, gate);
+        if self.expire_if_due(now, gate) {
+            self.stats.stale_responses = self.stats.stale_responses.saturating_add(1);
+            return Handled::EndedTerm;
+        }
         if self.is_held() && fence == self.fence {
             self.lose(LossReason::Revoked, now, gate);
-            Ok(())
+            Handled::Applied
         } else {
             self.stats.stale_responses = self.stats.stale_responses.saturating_add(1);
-            Err(StaleResponse)
+            Handled::Ignored(Ignored::Stale)
         }
     }
 
@@ -941,24 +1001,26 @@ impl Lease {
         id: RequestId,
         outcome: RenewOutcome,
         gate: &WriteGate,
-    ) {
+    ) -> Handled {
         // A renewal of this term: sent after the acquire that earned the grant, and
         // not after the newest request (an id never issued proves nothing).
         let this_term =
             term_of(id.0) == self.term() && id.0 <= self.last_id && id.0 as u32 > self.acquire_seq;
         if !(this_term && self.is_held()) {
-            return;
+            return Handled::Ignored(Ignored::Stale);
         }
-        match outcome {
-            RenewOutcome::NotOwner => self.lose(LossReason::NotOwner, now, gate),
+        let reason = match outcome {
+            RenewOutcome::NotOwner => LossReason::NotOwner,
             // Its send time is unknown here, so any TTL below the one asked for may
             // have expired the key before the gate's deadline.
-            RenewOutcome::Renewed { ttl } if ttl < self.granted => {
-                self.lose(LossReason::Shortened, now, gate)
+            RenewOutcome::Renewed { ttl } if ttl < self.granted => LossReason::Shortened,
+            RenewOutcome::Refused(_) => LossReason::Refused,
+            RenewOutcome::Renewed { .. } | RenewOutcome::Indeterminate(_) => {
+                return Handled::Ignored(Ignored::Stale)
             }
-            RenewOutcome::Refused(_) => self.lose(LossReason::Refused, now, gate),
-            RenewOutcome::Renewed { .. } | RenewOutcome::Indeterminate(_) => {}
-        }
+        };
+        self.lose(reason, now, gate);
+        Handled::EndedTerm
     }
 
     /// A `Granted` answer to an acquire of this term that is no longer awaited (its
@@ -972,7 +1034,7 @@ impl Lease {
     /// acquire's). Nothing is done while the term is acquiring or held (the key is the
     /// term's; its next attempt is granted the same fence), nor for an older term
     /// (this lease no longer tracks its acquires; its grant expires by its TTL).
-    fn late_grant(&mut self, now: Instant, id: RequestId) {
+    fn late_grant(&mut self, now: Instant, id: RequestId) -> Handled {
         let seq = id.0 as u32;
         // (An id not handed out yet is no acquire's once the term has ended: the one
         // pending is a release, after every acquire of the term.)
@@ -981,10 +1043,12 @@ impl Lease {
             self.state,
             State::Released | State::NotAcquired(_) | State::Lost(_) | State::Releasing
         );
-        if issued && ended {
-            self.flags.set(Flags::RERELEASE, true);
-            self.rerelease_if_free(now);
+        if !(issued && ended) {
+            return Handled::Ignored(Ignored::Stale);
         }
+        self.flags.set(Flags::RERELEASE, true);
+        self.rerelease_if_free(now);
+        Handled::ReleaseQueued
     }
 
     /// Sends the release a late grant asked for, once no request is in flight.

@@ -37,7 +37,7 @@ pub use config::{Config, ConfigBuilder, ConfigError};
 pub use fence::{Fence, FenceGate, StaleFence};
 pub use gate::{GateError, GateSnapshot, GateStatus, WriteGate, READ_ATTEMPTS};
 pub use lease::{
-    AcquireFailure, Action, AlreadyActive, Event, Lease, NotActive, StaleResponse, State, Stats,
+    AcquireFailure, Action, AlreadyActive, Event, Handled, Ignored, Lease, NotActive, State, Stats,
 };
 pub use names::{check_key, Holder, Identity, IdentityError, KeyError, MAX_KEY_LEN};
 pub use outcome::{

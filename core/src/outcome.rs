@@ -8,10 +8,37 @@ use crate::{Duration, Fence, Holder};
 /// Identifies one request the state machine asked its driver to send.
 ///
 /// Ids only grow for the life of a [`Lease`](crate::Lease) (across terms), so an answer
-/// that carries an old id is recognisably stale.
+/// that carries an old id is recognisably stale. They are unique within one lease,
+/// not across leases (every lease's first request is term 1, sequence 1): a driver of
+/// several leases keys answers by (lease, id).
+///
+/// ```
+/// use leasehold::{RequestId, Term};
+///
+/// let id = RequestId::new(Term(3), 7);
+/// assert_eq!((id.term(), id.sequence()), (Term(3), 7));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct RequestId(pub u64);
+
+impl RequestId {
+    /// The id of the `sequence`th request of `term`: the term in the high 32 bits, the
+    /// sequence in the low 32.
+    pub const fn new(term: Term, sequence: u32) -> RequestId {
+        RequestId(((term.0 as u64) << 32) | sequence as u64)
+    }
+
+    /// The term the request belongs to.
+    pub const fn term(self) -> Term {
+        Term((self.0 >> 32) as u32)
+    }
+
+    /// The request's number within its term, from 1 (the term's first acquire).
+    pub const fn sequence(self) -> u32 {
+        self.0 as u32
+    }
+}
 
 /// One acquisition of the lease, from grant to loss or release.
 ///
