@@ -135,11 +135,11 @@ fn main() {
                     fence.0,
                     deadline.as_millis()
                 ),
-                Event::Renewed { deadline } => {
+                Event::Renewed { deadline, .. } => {
                     format!("renewed: safe until {} ms", deadline.as_millis())
                 }
                 Event::RenewFailed { reason, .. } => format!("renewal failed: {reason}"),
-                Event::Lost { reason } => format!("LOST: {reason}; the gate is closed"),
+                Event::Lost { reason, .. } => format!("LOST: {reason}; the gate is closed"),
                 Event::Released => "released".into(),
                 other => format!("{other:?}"),
             };

@@ -207,11 +207,11 @@ async fn narrate(t: Timeline, lease: LeaseHandle) {
     while let Ok(timed) = events.recv().await {
         let ms = |at: leasehold::Instant| t.ms_at(clock.to_tokio(at));
         match timed.event {
-            Event::Renewed { deadline } => t.log(
+            Event::Renewed { deadline, .. } => t.log(
                 "A driver",
                 format!("renewed: safe until {} ms", ms(deadline)),
             ),
-            Event::Lost { reason } => t.log(
+            Event::Lost { reason, .. } => t.log(
                 "A driver",
                 format!("LOST ({reason}); gate closed; best-effort release sent"),
             ),

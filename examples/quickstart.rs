@@ -173,7 +173,7 @@ async fn narrate(who: &'static str, t: Timeline, lease: LeaseHandle) {
     while let Ok(TimedEvent { event, .. }) = events.recv().await {
         let ms = |at: leasehold::Instant| t.ms_at(clock.to_tokio(at));
         let what = match event {
-            Event::Renewed { deadline } => format!("renewed: safe until {} ms", ms(deadline)),
+            Event::Renewed { deadline, .. } => format!("renewed: safe until {} ms", ms(deadline)),
             Event::RenewFailed {
                 reason,
                 retry_at,
@@ -190,7 +190,7 @@ async fn narrate(who: &'static str, t: Timeline, lease: LeaseHandle) {
                     ms(deadline)
                 ),
             },
-            Event::Lost { reason } => {
+            Event::Lost { reason, .. } => {
                 format!("LOST: {reason}. The gate is closed: no more writes")
             }
             Event::Released => "released".to_string(),

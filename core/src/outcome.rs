@@ -48,6 +48,12 @@ impl RequestId {
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Term(pub u32);
 
+impl fmt::Display for Term {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
 /// The 128-bit identity a client presents to the lock service.
 ///
 /// Random where an RNG exists (the adapters do that); supplied by the caller on bare

@@ -2,7 +2,8 @@
 
 use leasehold::{
     AcquireOutcome, Action, Config, ConfigBuilder, Duration, Fence, GateError, GateSnapshot,
-    GateStatus, Instant, Lease, LossReason, Owner, RenewOutcome, RequestId, State, WriteGate,
+    GateStatus, Handled, Instant, Lease, LossReason, Owner, RenewOutcome, RequestId, State, Term,
+    WriteGate,
 };
 
 /// Fence of the first term. Both 32-bit halves differ from [`FENCE_B`]'s.
@@ -159,9 +160,7 @@ impl Driver {
             fence,
             ttl: deadline - self.sent,
         };
-        self.lease
-            .handle_response(now, id, granted.into(), gate)
-            .expect("grant accepted");
+        assert_eq!(self.lease.handle_response(now, id, granted.into(), gate), Handled::Applied, "grant accepted");
         assert_eq!(self.lease.state(), State::Holding);
         assert_eq!(self.lease.deadline(), Some(deadline));
         self.drain_events();
@@ -195,9 +194,7 @@ impl Driver {
         let renewed = RenewOutcome::Renewed {
             ttl: deadline - self.sent,
         };
-        self.lease
-            .handle_response(now, id, renewed.into(), gate)
-            .expect("renewal accepted");
+        assert_eq!(self.lease.handle_response(now, id, renewed.into(), gate), Handled::Applied, "renewal accepted");
         assert_eq!(self.lease.state(), State::Holding);
         assert_eq!(self.lease.deadline(), Some(deadline));
         self.drain_events();
@@ -209,25 +206,19 @@ impl Driver {
         match ending {
             Ending::NotOwner => {
                 let id = self.send_renewal(now, gate);
-                self.lease
-                    .handle_response(now, id, RenewOutcome::NotOwner.into(), gate)
-                    .expect("renewal answer accepted");
+                assert_eq!(self.lease.handle_response(now, id, RenewOutcome::NotOwner.into(), gate), Handled::Applied, "renewal answer accepted");
             }
             Ending::Expired => self.lease.handle_timeout(now, gate),
             Ending::Revoked => {
                 let fence = self.lease.fence().expect("revoked while held");
-                self.lease
-                    .handle_revoked(now, fence, gate)
-                    .expect("revocation accepted");
+                assert_eq!(self.lease.handle_revoked(now, fence, gate), Handled::Applied, "revocation accepted");
             }
             Ending::Shortened => {
                 let id = self.send_renewal(now, gate);
                 let shorter = RenewOutcome::Renewed {
                     ttl: Duration::from_millis(1),
                 };
-                self.lease
-                    .handle_response(now, id, shorter.into(), gate)
-                    .expect("renewal answer accepted");
+                assert_eq!(self.lease.handle_response(now, id, shorter.into(), gate), Handled::Applied, "renewal answer accepted");
             }
             Ending::Released => self.lease.release(now, gate).expect("release allowed"),
         }
@@ -255,7 +246,7 @@ pub const fn published(
 ) -> GateSnapshot {
     GateSnapshot {
         status,
-        term,
+        term: Term(term),
         fence,
         deadline,
     }

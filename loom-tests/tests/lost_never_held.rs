@@ -8,7 +8,8 @@
 //! the term it sees never goes backwards.
 
 use leasehold::{
-    AcquireOutcome, Duration, GateStatus, RenewOutcome, RequestId, StaleResponse, WriteGate,
+    AcquireOutcome, Duration, GateStatus, Handled, Ignored, RenewOutcome, RequestId, Term,
+    WriteGate,
 };
 use leasehold_loom_tests::{
     at, check_bounded, Driver, Ending, Witness, DEADLINE_A, DEADLINE_B, FENCE_A, FENCE_B,
@@ -30,9 +31,9 @@ const END_THEN_NEXT_TERM_HELD: usize = 2;
 
 /// The reader: polls the gate and asserts the invariant across its polls.
 fn poll(gate: &WriteGate, seen: &Witness, polls: usize) {
-    let mut last_term = 0;
+    let mut last_term = Term(0);
     let mut held_term = None;
-    let mut ended: Option<(u32, GateStatus)> = None;
+    let mut ended: Option<(Term, GateStatus)> = None;
     for _ in 0..polls {
         let Some(snap) = gate.snapshot() else {
             continue;
@@ -115,7 +116,7 @@ fn revoked_then_late_renewal_success() {
             let answer = driver
                 .lease
                 .handle_response(at(10_002), renewal, late.into(), gate);
-            assert_eq!(answer, Err(StaleResponse));
+            assert_eq!(answer, Handled::Ignored(Ignored::Stale));
         },
     );
     seen.assert_seen(HELD_THEN_END, "held, then lost");
@@ -136,7 +137,7 @@ fn expired_then_late_renewal_success() {
             let answer = driver
                 .lease
                 .handle_response(DEADLINE_A, renewal, late.into(), gate);
-            assert_eq!(answer, Err(StaleResponse));
+            assert_eq!(answer, Handled::Ignored(Ignored::Stale));
             driver
                 .lease
                 .handle_timeout(DEADLINE_A + Duration::from_secs(10), gate);
@@ -153,15 +154,15 @@ fn not_owner_then_duplicate_success() {
         "lost_never_held/not owner then duplicate",
         |driver, gate| driver.acquire_granted(at(0), FENCE_A, DEADLINE_A, gate),
         |driver, gate| {
-            // `end` sends the renewal (request 2: the acquire was 1) and answers it
-            // "not owner".
+            // `end` sends the renewal (request 2 of term 1: the acquire was 1) and
+            // answers it "not owner".
             driver.end(Ending::NotOwner, at(10_000), gate);
             let duplicate = RenewOutcome::Renewed { ttl: LATE_TTL };
-            let answer =
-                driver
-                    .lease
-                    .handle_response(at(10_001), RequestId(2), duplicate.into(), gate);
-            assert_eq!(answer, Err(StaleResponse));
+            let renewal = RequestId::new(Term(1), 2);
+            let answer = driver
+                .lease
+                .handle_response(at(10_001), renewal, duplicate.into(), gate);
+            assert_eq!(answer, Handled::Ignored(Ignored::Stale));
         },
     );
     seen.assert_seen(HELD_THEN_END, "held, then lost");
@@ -183,10 +184,13 @@ fn released_while_acquiring_then_late_grant() {
                 fence: FENCE_A,
                 ttl: LATE_TTL,
             };
+            // The term's own acquire (request 1 of term 1): its late grant may hold
+            // the key, so the term is released again; the gate stays closed.
+            let acquire = RequestId::new(Term(1), 1);
             let answer = driver
                 .lease
-                .handle_response(at(1_001), RequestId(1), grant.into(), gate);
-            assert_eq!(answer, Err(StaleResponse));
+                .handle_response(at(1_001), acquire, grant.into(), gate);
+            assert_eq!(answer, Handled::ReleaseQueued);
         },
     );
     seen.assert_seen(END_THEN_SAME_TERM, "a poll of term 1 after its release");

@@ -13,7 +13,7 @@ use leasehold_embassy::leasehold::{
     ConfigBuilder, ConfigError, Duration, Event, Fence, FenceGate, GateError, GateStatus, Holder,
     HolderOutcome, Identity, IdentityError, Indeterminate, Instant, KeyError, LossReason,
     NotActive, Owner, Refusal, ReleaseOutcome, RenewOutcome, RequestId, Response, StaleFence,
-    StaleResponse, State, Stats, Term,
+    Handled, Ignored, Lease, State, Stats, Term, WriteGate,
 };
 use leasehold_embassy::{EmbassyClock, LeaseShared, Report, TermEnd};
 
@@ -74,14 +74,11 @@ fn every_public_type_formats_with_defmt() {
         encoded(GateStatus::Held),
         encoded(GateError::Busy),
         encoded(State::Idle),
-        encoded(Action::Release {
-            id: RequestId(1),
-            term: Term(1),
-        }),
+        encoded(first_action()),
         encoded(Event::Released),
         encoded(AcquireFailure::HeldByAnother),
         encoded(Stats::default()),
-        encoded(StaleResponse),
+        encoded(Handled::Ignored(Ignored::WrongKind)),
         encoded(AlreadyActive { state: State::Idle }),
         encoded(NotActive { state: State::Idle }),
         encoded(RequestId(9)),
@@ -112,4 +109,13 @@ fn every_public_type_formats_with_defmt() {
     ];
     let silent: Vec<usize> = (0..sizes.len()).filter(|&i| sizes[i] == 0).collect();
     assert!(silent.is_empty(), "values that encoded nothing: {silent:?}");
+}
+
+/// An action as a lease hands it out (a driver never builds one).
+fn first_action() -> Action {
+    let gate = WriteGate::new();
+    let config = Config::builder(Duration::from_secs(3)).build().unwrap();
+    let mut lease = Lease::new(config, Owner([1; 16]));
+    lease.acquire(Instant::ZERO, &gate).unwrap();
+    lease.poll_action().unwrap()
 }

@@ -61,7 +61,7 @@ where
         give_up_at,
         shared.release_requested(),
         |report| {
-            if let Report::Event(Event::Lost { reason }) = report {
+            if let Report::Event(Event::Lost { reason, .. }) = report {
                 shared.signal_lost(reason);
             }
             on_report(report);

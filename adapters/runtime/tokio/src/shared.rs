@@ -416,12 +416,12 @@ impl Shared {
                 }
                 Event::AcquireFailed {
                     reason,
-                    retry_at: None,
+                    retry_at: None, ..
                 } => {
                     status.not_acquired = Some(reason);
                     None
                 }
-                Event::Renewed { deadline } => status
+                Event::Renewed { deadline, .. } => status
                     .granted
                     .map(|(fence, _)| LeaseState::Holding { fence, deadline }),
                 Event::RenewFailed {
@@ -433,7 +433,7 @@ impl Shared {
                     deadline,
                     writes_paused,
                 }),
-                Event::Lost { reason } => {
+                Event::Lost { reason, .. } => {
                     end_once(&mut status, LeaseEnd::Lost(reason));
                     Some(LeaseState::Lost(reason))
                 }
@@ -537,9 +537,8 @@ mod tests {
             fence: Fence(1),
             ttl,
         };
-        lease
-            .handle_response(shared.clock().now(), id, granted.into(), &shared.gate)
-            .unwrap();
+        let handled = lease.handle_response(shared.clock().now(), id, granted.into(), &shared.gate);
+        assert_eq!(handled, leasehold::Handled::Applied);
         assert_eq!(shared.gate.check(shared.clock().now()), Ok(Fence(1)));
 
         // The whole process stops for longer than the TTL; nothing ran meanwhile.

@@ -87,7 +87,7 @@ mod on {
             }
             Event::AcquireFailed {
                 reason,
-                retry_at: Some(retry_at),
+                retry_at: Some(retry_at), ..
             } => debug!(
                 target: TARGET,
                 key, %token, %reason, retry_in = ?until(at, retry_at),
@@ -95,13 +95,13 @@ mod on {
             ),
             Event::AcquireFailed {
                 reason,
-                retry_at: None,
+                retry_at: None, ..
             } => info!(
                 target: TARGET,
                 key, %token, %reason, waited = ?until(Instant::ZERO, at),
                 "acquire gave up"
             ),
-            Event::Renewed { deadline } => debug!(
+            Event::Renewed { deadline, .. } => debug!(
                 target: TARGET,
                 key, %token, rtt = rtt.map(|d| tracing::field::debug(human(d))),
                 deadline_in = ?until(at, deadline),
@@ -111,7 +111,7 @@ mod on {
                 reason,
                 retry_at,
                 deadline,
-                writes_paused,
+                writes_paused, ..
             } => warn!(
                 target: TARGET,
                 key, %token, %reason,
@@ -119,7 +119,7 @@ mod on {
                 deadline_in = ?until(at, deadline), writes_paused,
                 "renewal failed, retrying inside the remaining budget"
             ),
-            Event::Lost { reason } => {
+            Event::Lost { reason, .. } => {
                 error!(target: TARGET, key, %token, %reason, "lease lost: writes stopped")
             }
             Event::Released => info!(target: TARGET, key, %token, "lease released"),

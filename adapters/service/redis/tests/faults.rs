@@ -306,10 +306,10 @@ fn child_main(spec: &str) {
             let log = holder.log.borrow().clone();
             for (at, event) in &log[seen..] {
                 match event {
-                    Event::Acquired { deadline, .. } | Event::Renewed { deadline } => {
+                    Event::Acquired { deadline, .. } | Event::Renewed { deadline, .. } => {
                         println!("deadline {}", deadline.as_micros())
                     }
-                    Event::Lost { reason } => println!("lost {reason:?} {}", at.as_micros()),
+                    Event::Lost { reason, .. } => println!("lost {reason:?} {}", at.as_micros()),
                     _ => {}
                 }
             }
@@ -1072,13 +1072,16 @@ fn garbage_in_redis() {
                     matches!(e, Event::AcquireFailed { .. })
                 })
                 .await;
-            assert_eq!(
-                event,
-                Event::AcquireFailed {
-                    reason: leasehold::AcquireFailure::Refused(leasehold::Refusal::WrongType),
-                    retry_at: None,
-                },
-                "{name}"
+            assert!(
+                matches!(
+                    event,
+                    Event::AcquireFailed {
+                        reason: leasehold::AcquireFailure::Refused(leasehold::Refusal::WrongType),
+                        retry_at: None,
+                        ..
+                    }
+                ),
+                "{name}: {event:?}"
             );
             assert_eq!(
                 holder.end().await,

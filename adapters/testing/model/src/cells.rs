@@ -115,7 +115,7 @@ impl fmt::Debug for GateCell {
                 f,
                 "{:?} term {} fence {} until {}",
                 s.status,
-                s.term,
+                s.term.0,
                 s.fence.0,
                 s.deadline.as_micros()
             ),

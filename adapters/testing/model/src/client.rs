@@ -33,7 +33,7 @@ pub struct Client {
     /// answer that ends it (shortened TTL, not owner, refused).
     pub must_close: Option<u32>,
     /// The newest term whose gate showed `Lost`.
-    pub lost_term: Option<u32>,
+    pub lost_term: Option<leasehold::Term>,
     /// For the receive-time mutation: the lease as it was before the newest request
     /// was sent, and the call that sent it.
     pub before_send: Option<(LeaseCell, Cmd)>,
@@ -241,7 +241,7 @@ pub fn wire_id(w: &Wire) -> Option<u64> {
 fn to_wire(action: Action) -> Wire {
     let t = |d: leasehold::Duration| d.as_micros() / TICK_US;
     match action {
-        Action::Acquire { id, term, ttl } => Wire::Acquire {
+        Action::Acquire { id, term, ttl, .. } => Wire::Acquire {
             id: id.0,
             term: term.0,
             ttl: t(ttl),
@@ -250,14 +250,14 @@ fn to_wire(action: Action) -> Wire {
             id,
             term,
             fence,
-            ttl,
+            ttl, ..
         } => Wire::Renew {
             id: id.0,
             term: term.0,
             fence: fence.0,
             ttl: t(ttl),
         },
-        Action::Release { id, term } => Wire::Release {
+        Action::Release { id, term, .. } => Wire::Release {
             id: id.0,
             term: term.0,
         },

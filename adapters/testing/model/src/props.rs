@@ -85,7 +85,7 @@ pub fn all() -> Vec<Property<LeaseModel>> {
         Property::always(ONE_WRITER, |_, s: &Sys| admitting(s) <= 1),
         Property::always(ENDING_ANSWER_CLOSES, |_, s: &Sys| {
             s.clients.iter().all(|c| {
-                let term = c.gate.snapshot().map(|g| g.term);
+                let term = c.gate.snapshot().map(|g| g.term.0);
                 c.must_close.is_none()
                     || c.must_close != term
                     || c.gate.admits(local(s.now)).is_none()

@@ -53,12 +53,13 @@ async fn deadline_counts_from_the_send_time_not_the_answer() {
     let mut events = lease.events();
     let renewed = within(3_000, events.recv()).await.unwrap();
     assert_eq!(renewed.lease_time, lease_us(360_000), "answered at 360 ms");
-    assert_eq!(
-        renewed.event,
-        Event::Renewed {
-            deadline: lease_us(300_000 + 854_100)
-        },
-        "the renewal was sent at 300 ms"
+    assert!(
+        matches!(
+            renewed.event,
+            Event::Renewed { deadline, .. } if deadline == lease_us(300_000 + 854_100)
+        ),
+        "the renewal was sent at 300 ms: {:?}",
+        renewed.event
     );
 
     // The gate holds exactly until that deadline, not a microsecond longer.
@@ -190,7 +191,7 @@ async fn no_retry_is_scheduled_past_the_safe_deadline() {
     loop {
         match within(3_000, events.recv()).await.unwrap().event {
             Event::RenewFailed { retry_at, .. } => retries.push(retry_at.map(|at| at.as_millis())),
-            Event::Lost { reason } => {
+            Event::Lost { reason, .. } => {
                 assert_eq!(reason, LossReason::Expired);
                 break;
             }

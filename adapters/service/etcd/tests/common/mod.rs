@@ -193,7 +193,7 @@ pub async fn renewed_after(
                 ..
             }) if at > after => return Ok(at),
             Ok(TimedEvent {
-                event: Event::Lost { reason },
+                event: Event::Lost { reason, .. },
                 ..
             }) => return Err(reason),
             Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}

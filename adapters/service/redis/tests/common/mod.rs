@@ -260,7 +260,7 @@ impl Running {
             .next_event("the loss", limit, |e| matches!(e, Event::Lost { .. }))
             .await
         {
-            (at, Event::Lost { reason }) => (at, reason),
+            (at, Event::Lost { reason, .. }) => (at, reason),
             _ => unreachable!(),
         }
     }
@@ -277,7 +277,7 @@ impl Running {
     /// The latest safe deadline the gate was opened with (grant or renewal).
     pub fn last_deadline(&self) -> Option<Instant> {
         self.log.borrow().iter().rev().find_map(|(_, e)| match e {
-            Event::Acquired { deadline, .. } | Event::Renewed { deadline } => Some(*deadline),
+            Event::Acquired { deadline, .. } | Event::Renewed { deadline, .. } => Some(*deadline),
             _ => None,
         })
     }
