@@ -2,7 +2,7 @@
 //!
 //! One writer (the [`Lease`](crate::Lease) that owns the gate's term), any number of
 //! readers. The gate holds the status, the fence and the safe deadline, published
-//! together with the term by a single-writer seqlock over seven 32-bit words, so it needs nothing but
+//! together with a single-writer seqlock over six 32-bit words, so it needs nothing but
 //! atomic `load` and `store` of `u32` (thumbv6m has no CAS and no 64-bit atomics).
 //!
 //! # Protocol
@@ -37,6 +37,10 @@ mod status {
     pub(super) const LOST_REVOKED: u32 = 6;
     pub(super) const LOST_SHORTENED: u32 = 7;
     pub(super) const LOST_REFUSED: u32 = 8;
+    /// The status takes the low 4 bits, the term the other 28 (a lease's terms wrap
+    /// within them: [`MAX_TERM`](crate::MAX_TERM)).
+    pub(super) const BITS: u32 = 4;
+    pub(super) const MASK: u32 = (1 << BITS) - 1;
 }
 
 /// The lost flag: tells workers whether they may write, and with which fence.
@@ -57,7 +61,6 @@ mod status {
 pub struct WriteGate {
     seq: AtomicU32,
     status: AtomicU32,
-    term: AtomicU32,
     fence_lo: AtomicU32,
     fence_hi: AtomicU32,
     deadline_lo: AtomicU32,
@@ -154,7 +157,6 @@ impl WriteGate {
         WriteGate {
             seq: AtomicU32::new(0),
             status: AtomicU32::new(status::CLOSED),
-            term: AtomicU32::new(0),
             fence_lo: AtomicU32::new(0),
             fence_hi: AtomicU32::new(0),
             deadline_lo: AtomicU32::new(0),
@@ -168,7 +170,6 @@ impl WriteGate {
         WriteGate {
             seq: AtomicU32::new(0),
             status: AtomicU32::new(status::CLOSED),
-            term: AtomicU32::new(0),
             fence_lo: AtomicU32::new(0),
             fence_hi: AtomicU32::new(0),
             deadline_lo: AtomicU32::new(0),
@@ -203,8 +204,7 @@ impl WriteGate {
                 core::hint::spin_loop();
                 continue;
             }
-            let code = self.status.load(OBSERVE);
-            let term = self.term.load(OBSERVE);
+            let word = self.status.load(OBSERVE);
             let fence = join(self.fence_lo.load(OBSERVE), self.fence_hi.load(OBSERVE));
             let deadline = join(
                 self.deadline_lo.load(OBSERVE),
@@ -212,8 +212,8 @@ impl WriteGate {
             );
             if self.seq.load(Ordering::Relaxed) == before {
                 return Some(GateSnapshot {
-                    status: decode_status(code),
-                    term: Term(term),
+                    status: decode_status(word & status::MASK),
+                    term: Term(word >> status::BITS),
                     fence: Fence(fence),
                     deadline: Instant::from_micros(deadline),
                 });
@@ -250,7 +250,7 @@ impl WriteGate {
     /// The writer's side of the protocol: one seqlock write of every word.
     ///
     /// Out of line: each `publish_*` is a call to this one copy, where inlined each
-    /// would carry its own eight stores and barriers.
+    /// would carry its own seven stores and barriers.
     #[inline(never)]
     fn publish(&self, code: u32, term: Term, fence: Fence, deadline: Instant) {
         // Only the single writer ever stores `seq`, so this load sees its own last store.
@@ -258,8 +258,7 @@ impl WriteGate {
         self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
         let (fence_lo, fence_hi) = split(fence.0);
         let (deadline_lo, deadline_hi) = split(deadline.as_micros());
-        self.status.store(code, PUBLISH);
-        self.term.store(term.0, PUBLISH);
+        self.status.store(code | (term.0 << status::BITS), PUBLISH);
         self.fence_lo.store(fence_lo, PUBLISH);
         self.fence_hi.store(fence_hi, PUBLISH);
         self.deadline_lo.store(deadline_lo, PUBLISH);
@@ -325,13 +324,13 @@ mod tests {
         let gate = WriteGate::new();
         let big = Fence(u64::MAX - 1);
         let far = Instant::from_micros(u64::MAX - 2);
-        gate.publish_held(Term(u32::MAX), big, far);
+        gate.publish_held(crate::MAX_TERM, big, far);
         let snap = gate.snapshot().unwrap();
         assert_eq!(
             snap,
             GateSnapshot {
                 status: GateStatus::Held,
-                term: Term(u32::MAX),
+                term: crate::MAX_TERM,
                 fence: big,
                 deadline: far
             }
@@ -364,7 +363,7 @@ mod tests {
     }
 
     #[test]
-    fn gate_is_at_most_28_bytes() {
-        assert!(core::mem::size_of::<WriteGate>() <= 28);
+    fn gate_is_at_most_24_bytes() {
+        assert!(core::mem::size_of::<WriteGate>() <= 24);
     }
 }

@@ -46,7 +46,7 @@ use crate::{
 /// deadline: calling `handle_timeout` early, late or twice is harmless. An answer to a
 /// request the lease no longer waits for (an old id, a previous term, a duplicate, an
 /// id not handed out by `poll_action` yet, an answer of the wrong kind) is
-/// [`Handled::Ignored`] and changes nothing — with three exceptions that can only
+/// [`Handled::Stale`] (or [`Handled::WrongKind`]) and changes nothing — with three exceptions that can only
 /// make the lease *safer*: a late "not owner" to a renewal of the current term ends it
 /// ([`LossReason::NotOwner`]), and so does a late renewal that confirms a shorter TTL
 /// than asked ([`LossReason::Shortened`]) ([`Handled::EndedTerm`]); a late grant to an
@@ -303,17 +303,20 @@ impl fmt::Display for AcquireFailure {
     }
 }
 
+/// The last term a [`Lease`] numbers before it starts again at 1: terms take 28 bits
+/// so that a [`GateSnapshot`](crate::GateSnapshot) carries the whole term beside its
+/// status in one word. A term's answers come back within seconds; a lease that took a
+/// key a thousand times a second would reuse a term after three days.
+pub const MAX_TERM: Term = Term((1 << 28) - 1);
+
 /// Counters for things a driver may want to log.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[non_exhaustive]
 pub struct Stats {
-    /// Answers and notices that were not the ones awaited ([`Ignored::Stale`], and the
-    /// late answers that still changed the lease).
+    /// Answers and notices that were not the ones awaited: [`Handled::Stale`],
+    /// [`Handled::WrongKind`], and the late answers that still changed the lease.
     pub stale_responses: u32,
-    /// Answers of the wrong kind for the request in flight ([`Ignored::WrongKind`]):
-    /// a driver that mixed up its requests, or a garbled connection.
-    pub wrong_kind_answers: u32,
     /// Events replaced before `poll_event` took them (the driver did not drain).
     pub overwritten_events: u32,
 }
@@ -322,11 +325,12 @@ pub struct Stats {
 /// [`Lease::handle_revoked`]).
 ///
 /// Whatever it says, drain `poll_action` and `poll_event` after the call, as after any
-/// input. Only [`Handled::Ignored`] promises that nothing changed: a loop may skip the
-/// drain on it, never on the other three.
+/// input. Only [`Handled::Stale`] and [`Handled::WrongKind`] promise that nothing
+/// changed ([`Handled::changed`] is `false`): a loop may skip the drain on them, never
+/// on the other three.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[must_use = "only `Handled::Ignored` means the lease is unchanged"]
+#[must_use = "a late answer may still have ended the term: see `Handled::changed`"]
 #[non_exhaustive]
 pub enum Handled {
     /// The answer to the request in flight (or a revocation of the grant held): the
@@ -340,27 +344,22 @@ pub enum Handled {
     /// term ended, may hold the key: a release of the term is queued (or goes out once
     /// the request in flight is answered).
     ReleaseQueued,
-    /// Changed nothing; counted in [`Stats`].
-    Ignored(Ignored),
-}
-
-/// Why an answer or notice was [`Handled::Ignored`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[non_exhaustive]
-pub enum Ignored {
-    /// Not awaited: an old or unknown request id, a duplicate, a previous term, a
-    /// revocation of a fence not held, or a late answer that proves nothing.
+    /// Ignored, nothing changed: not awaited (an old or unknown request id, a
+    /// duplicate, a previous term, a revocation of a fence not held, a late answer
+    /// that proves nothing). Counted in [`Stats::stale_responses`].
     Stale,
-    /// The id of the request in flight, answered with another kind of answer (a
-    /// renewal's outcome for an acquire, say). The request stays in flight.
+    /// Ignored, nothing changed: the id of the request in flight with another kind of
+    /// answer (a renewal's outcome for an acquire, say), which a driver that mixed up
+    /// its requests or a garbled connection sends. The request stays in flight.
+    /// Counted in [`Stats::stale_responses`].
     WrongKind,
 }
 
 impl Handled {
-    /// Whether the call changed the lease (anything but [`Handled::Ignored`]).
+    /// Whether the call changed the lease: anything but [`Handled::Stale`] and
+    /// [`Handled::WrongKind`].
     pub const fn changed(self) -> bool {
-        !matches!(self, Handled::Ignored(_))
+        !matches!(self, Handled::Stale | Handled::WrongKind)
     }
 }
 
@@ -379,7 +378,6 @@ pub struct NotActive {
     /// The state the lease was in.
     pub state: State,
 }
-
 
 impl fmt::Display for AlreadyActive {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -461,7 +459,6 @@ impl Lease {
             fence: Fence(0),
             stats: Stats {
                 stale_responses: 0,
-                wrong_kind_answers: 0,
                 overwritten_events: 0,
             },
             jitter: jitter_seed(owner),
@@ -569,7 +566,12 @@ impl Lease {
                 return Err(AlreadyActive { state })
             }
         }
-        let term = self.term().0.wrapping_add(1);
+        // Never term 0 (no term yet), and never past what the gate can publish.
+        let term = if self.term().0 >= MAX_TERM.0 {
+            1
+        } else {
+            self.term().0 + 1
+        };
         self.last_id = u64::from(term) << 32;
         self.fence = Fence(0);
         self.granted = Duration::ZERO;
@@ -664,8 +666,8 @@ impl Lease {
     /// [`Handled::Applied`] if it answers the request in flight, handed out by
     /// [`poll_action`](Self::poll_action) (a request this very call queued, such as the
     /// release after an expiry it detected, cannot have been answered yet). Any other
-    /// answer is ignored and counted in [`Stats`] ([`Ignored::WrongKind`] for the id in
-    /// flight with another kind of answer, [`Ignored::Stale`] for the rest) — except
+    /// answer is ignored and counted in [`Stats`] ([`Handled::WrongKind`] for the id in
+    /// flight with another kind of answer, [`Handled::Stale`] for the rest) — except
     /// that two kinds of late answer are read for what they prove:
     ///
     /// * a late answer to a renewal of the current, still held term: "not owner" ends
@@ -686,6 +688,7 @@ impl Lease {
     /// as stale, as the request was not the one in flight. So is any answer in a call
     /// whose `now` is past the safe deadline: the deadline ends the term first
     /// ([`Handled::EndedTerm`]).
+    #[inline(never)]
     pub fn handle_response(
         &mut self,
         now: Instant,
@@ -708,20 +711,32 @@ impl Lease {
             self.answered(now, &response, gate);
             return Handled::Applied;
         }
-        if handed_out && self.in_flight.is_some() {
-            self.stats.wrong_kind_answers = self.stats.wrong_kind_answers.saturating_add(1);
-            return Handled::Ignored(Ignored::WrongKind);
-        }
-        self.stats.stale_responses = self.stats.stale_responses.saturating_add(1);
-        let late = match response {
-            Response::Renew(outcome) => self.late_renewal(now, id, outcome, gate),
-            Response::Acquire(AcquireOutcome::Granted { .. }) => self.late_grant(now, id),
-            Response::Acquire(_) | Response::Release(_) => Handled::Ignored(Ignored::Stale),
-        };
+        let late = self.not_awaited(now, id, &response, handed_out, gate);
         if expired {
             Handled::EndedTerm
         } else {
             late
+        }
+    }
+
+    /// An answer that is not the one awaited: counted, and read for what it proves.
+    ///
+    fn not_awaited(
+        &mut self,
+        now: Instant,
+        id: RequestId,
+        response: &Response,
+        handed_out: bool,
+        gate: &WriteGate,
+    ) -> Handled {
+        self.stats.stale_responses = self.stats.stale_responses.saturating_add(1);
+        if handed_out && self.in_flight.is_some() {
+            return Handled::WrongKind;
+        }
+        match *response {
+            Response::Renew(outcome) => self.late_renewal(now, id, outcome, gate),
+            Response::Acquire(AcquireOutcome::Granted { .. }) => self.late_grant(now, id),
+            Response::Acquire(_) | Response::Release(_) => Handled::Stale,
         }
     }
 
@@ -760,7 +775,7 @@ impl Lease {
             Handled::Applied
         } else {
             self.stats.stale_responses = self.stats.stale_responses.saturating_add(1);
-            Handled::Ignored(Ignored::Stale)
+            Handled::Stale
         }
     }
 
@@ -1007,7 +1022,7 @@ impl Lease {
         let this_term =
             term_of(id.0) == self.term() && id.0 <= self.last_id && id.0 as u32 > self.acquire_seq;
         if !(this_term && self.is_held()) {
-            return Handled::Ignored(Ignored::Stale);
+            return Handled::Stale;
         }
         let reason = match outcome {
             RenewOutcome::NotOwner => LossReason::NotOwner,
@@ -1015,9 +1030,7 @@ impl Lease {
             // have expired the key before the gate's deadline.
             RenewOutcome::Renewed { ttl } if ttl < self.granted => LossReason::Shortened,
             RenewOutcome::Refused(_) => LossReason::Refused,
-            RenewOutcome::Renewed { .. } | RenewOutcome::Indeterminate(_) => {
-                return Handled::Ignored(Ignored::Stale)
-            }
+            RenewOutcome::Renewed { .. } | RenewOutcome::Indeterminate(_) => return Handled::Stale,
         };
         self.lose(reason, now, gate);
         Handled::EndedTerm
@@ -1044,7 +1057,7 @@ impl Lease {
             State::Released | State::NotAcquired(_) | State::Lost(_) | State::Releasing
         );
         if !(issued && ended) {
-            return Handled::Ignored(Ignored::Stale);
+            return Handled::Stale;
         }
         self.flags.set(Flags::RERELEASE, true);
         self.rerelease_if_free(now);

@@ -37,11 +37,11 @@ pub use config::{Config, ConfigBuilder, ConfigError};
 pub use fence::{Fence, FenceGate, StaleFence};
 pub use gate::{GateError, GateSnapshot, GateStatus, WriteGate, READ_ATTEMPTS};
 pub use lease::{
-    AcquireFailure, Action, AlreadyActive, Event, Handled, Ignored, Lease, NotActive, State, Stats,
+    AcquireFailure, Action, AlreadyActive, Event, Handled, Lease, NotActive, State, Stats, MAX_TERM,
 };
 pub use names::{check_key, Holder, Identity, IdentityError, KeyError, MAX_KEY_LEN};
 pub use outcome::{
     AcquireOutcome, EncodedToken, HolderOutcome, Indeterminate, LossReason, Owner, OwnerToken,
     Refusal, ReleaseOutcome, RenewOutcome, RequestId, Response, Term,
 };
-pub use time::{Duration, Instant};
+pub use time::{div_rem_u16, Duration, Instant};

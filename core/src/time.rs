@@ -10,6 +10,7 @@
 //! only ever compared against, and `Instant::MAX` is 584,000 years away.
 
 use core::fmt;
+use core::num::NonZeroU16;
 use core::ops::{Add, Sub};
 
 const MICROS_PER_MILLI: u64 = 1_000;
@@ -250,30 +251,48 @@ const fn saturating_add(a: u64, b: u64) -> u64 {
     a.saturating_add(b)
 }
 
-/// `(x / 1_000_000, x % 1_000_000)`, exactly, using only 32-bit divisions.
+/// `(n / d, n % d)` for a divisor below 2^16, with 32-bit divisions only: a long
+/// division over four 16-bit digits.
 ///
-/// `1_000_000 = 64 × 15_625` and `15_625 < 2^14`, so a long division of `x / 64` by
-/// 15,625 in 16-bit digits keeps every partial dividend below `2^30`. Then
-/// `x = 1_000_000 q + (64 r + x mod 64)` with the remainder below one million.
-const fn div_rem_million(x: u64) -> (u64, u64) {
-    const DIVISOR: u32 = 15_625;
-    // The digits are taken from the top of `y`, which shifts left by a constant 16:
-    // a variable 64-bit shift would be a library call on a 32-bit MCU.
-    let mut y = x >> 6;
+/// On a 32-bit microcontroller a 64-bit division links the compiler's routine, about
+/// 1 KiB of flash; the core's clock arithmetic and the RESP client's number formatting
+/// share this one instead.
+///
+/// ```
+/// use core::num::NonZeroU16;
+///
+/// let ten = NonZeroU16::new(10).unwrap();
+/// assert_eq!(leasehold::div_rem_u16(1_234, ten), (123, 4));
+/// ```
+pub const fn div_rem_u16(n: u64, d: NonZeroU16) -> (u64, u16) {
+    let d = d.get() as u32;
+    let mut rest_of_n = n;
     let mut quotient: u64 = 0;
-    let mut rem: u32 = 0;
+    let mut rest: u32 = 0;
     let mut digits: u32 = 0;
     while digits < 4 {
         digits = digits.wrapping_add(1);
-        let digit = (y >> 48) as u32;
-        y <<= 16;
-        // `rem < 15_625 < 2^14`, so this stays below 2^30.
-        let partial = (rem << 16) | digit;
-        quotient = (quotient << 16) | partial.wrapping_div(DIVISOR) as u64;
-        rem = partial.wrapping_rem(DIVISOR);
+        // The digits high first, each by a constant shift: a 64-bit shift by a variable
+        // amount is a library routine of its own on a 32-bit microcontroller.
+        let digit = (rest_of_n >> 48) as u32;
+        rest_of_n <<= 16;
+        // `rest < d < 2^16`, so this fits in 32 bits.
+        let partial = (rest << 16) | digit;
+        quotient = (quotient << 16) | partial.wrapping_div(d) as u64;
+        rest = partial.wrapping_rem(d);
     }
-    let low = (rem as u64).wrapping_mul(64) | (x & 63);
-    (quotient, low)
+    (quotient, rest as u16)
+}
+
+/// `(x / 1_000_000, x % 1_000_000)`, exactly: `1_000_000 = 64 × 15_625`, so
+/// `x = 1_000_000 q + (64 r + x mod 64)` where `(q, r)` divides `x / 64` by 15,625.
+const fn div_rem_million(x: u64) -> (u64, u64) {
+    const DIVISOR: NonZeroU16 = match NonZeroU16::new(15_625) {
+        Some(d) => d,
+        None => NonZeroU16::MIN,
+    };
+    let (quotient, rem) = div_rem_u16(x >> 6, DIVISOR);
+    (quotient, (rem as u64).wrapping_mul(64) | (x & 63))
 }
 
 /// Saturates at [`Instant::MAX`]: never panics.
@@ -376,6 +395,29 @@ mod tests {
         // Exact for a value with both parts.
         let d = Duration::from_micros(2_500_000); // 2.5 s
         assert_eq!(d.ppm_ceil(400_000), Duration::from_micros(1_000_000));
+    }
+
+    #[test]
+    fn small_division_is_exact_without_64_bit_division() {
+        for n in [
+            0,
+            1,
+            9,
+            10,
+            999,
+            1_000,
+            65_535,
+            65_536,
+            1 << 40,
+            u64::MAX - 1,
+            u64::MAX,
+        ] {
+            for d in [1u16, 3, 10, 1_000, 15_625, u16::MAX] {
+                let divisor = NonZeroU16::new(d).unwrap();
+                let exact = (n / u64::from(d), (n % u64::from(d)) as u16);
+                assert_eq!(div_rem_u16(n, divisor), exact, "{n} / {d}");
+            }
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! (nested arrays, RESP3 types, numbers with signs or leading zeros, a bulk string
 //! not followed by CRLF) is [`ProtocolError::Malformed`]: never guessed at.
 
-use core::num::{NonZeroU16, NonZeroU32};
+use core::num::NonZeroU16;
 
 /// The longest array a script answers: `{0, fence, identity, pttl}`.
 pub const MAX_ITEMS: usize = 4;
@@ -191,26 +191,6 @@ pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
 }
 
-/// `n / d` and `n % d` for a divisor below 2^16, by long division over 16-bit limbs:
-/// four 32-bit divisions. A 64-bit division would link the compiler's 64-bit division
-/// routine, about 1 KiB of flash on a 32-bit microcontroller.
-pub(crate) fn div_rem(n: u64, d: NonZeroU16) -> (u64, u64) {
-    let d = NonZeroU32::from(d);
-    let (mut quotient, mut rest) = (0u64, 0u32);
-    // The limbs from the bytes, high first: no 64-bit shift by a variable amount
-    // (a compiler routine of its own on a 32-bit microcontroller).
-    for limb in n.to_be_bytes().chunks_exact(2) {
-        let limb = limb
-            .iter()
-            .fold(0u32, |limb, &b| (limb << 8) | u32::from(b));
-        // `rest < d < 2^16`, so this fits in 32 bits.
-        let part = (rest << 16) | limb;
-        quotient = (quotient << 16) | u64::from(part / d);
-        rest = part % d;
-    }
-    (quotient, u64::from(rest))
-}
-
 const TEN: NonZeroU16 = match NonZeroU16::new(10) {
     Some(ten) => ten,
     None => unreachable!(),
@@ -220,7 +200,7 @@ const TEN: NonZeroU16 = match NonZeroU16::new(10) {
 fn decimal(mut n: u64, buf: &mut [u8; 20]) -> usize {
     let mut at = buf.len();
     for slot in buf.iter_mut().rev() {
-        let (rest, digit) = div_rem(n, TEN);
+        let (rest, digit) = leasehold::div_rem_u16(n, TEN);
         *slot = b'0' + digit as u8;
         at -= 1;
         n = rest;
@@ -365,7 +345,7 @@ mod tests {
     }
 
     #[test]
-    fn division_without_a_64_bit_divide() {
+    fn decimal_digits_without_a_64_bit_divide() {
         for n in [
             0,
             1,
@@ -379,10 +359,6 @@ mod tests {
             u64::MAX - 1,
             u64::MAX,
         ] {
-            for d in [1u16, 3, 10, 1_000, u16::MAX] {
-                let divisor = NonZeroU16::new(d).unwrap();
-                assert_eq!(div_rem(n, divisor), (n / u64::from(d), n % u64::from(d)));
-            }
             let mut digits = [0u8; 20];
             let at = decimal(n, &mut digits);
             assert_eq!(&digits[at..], std::format!("{n}").as_bytes());

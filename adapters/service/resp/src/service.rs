@@ -233,7 +233,7 @@ fn ttl_ms(ttl: Duration) -> (u64, Duration) {
         Some(thousand) => thousand,
         None => unreachable!(),
     };
-    let (ms, micros) = resp::div_rem(ttl.as_micros(), THOUSAND);
+    let (ms, micros) = leasehold::div_rem_u16(ttl.as_micros(), THOUSAND);
     let ms = (ms + u64::from(micros != 0)).max(1);
     (ms, Duration::from_millis(ms))
 }
