@@ -72,7 +72,7 @@ use crate::{
 /// let Some(Action::Acquire { id, .. }) = lease.poll_action() else { unreachable!() };
 /// // ...send it; the service grants fence 7 for 3 s; the answer arrives at 20 ms:
 /// let granted = AcquireOutcome::Granted { fence: Fence(7), ttl: Duration::from_secs(3) };
-/// lease.handle_response(t(20), id, granted.into(), &gate).unwrap();
+/// assert_eq!(lease.handle_response(t(20), id, granted.into(), &gate), Handled::Applied);
 /// assert!(matches!(lease.poll_event(), Some(Event::Acquired { fence: Fence(7), .. })));
 /// assert_eq!(gate.check(t(21)), Ok(Fence(7)));
 ///

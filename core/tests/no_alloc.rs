@@ -10,9 +10,9 @@
 
 use allocation_counter::measure;
 use leasehold::{
-    AcquireOutcome, Action, Config, Duration, Event, Fence, FenceGate, Holder, Identity,
-    Indeterminate, Instant, Lease, LossReason, Owner, Refusal, ReleaseOutcome, RenewOutcome,
-    RequestId, State, WriteGate,
+    AcquireOutcome, Action, Config, Duration, Event, Fence, FenceGate, Handled, Holder, Identity,
+    Ignored, Indeterminate, Instant, Lease, LossReason, Owner, Refusal, ReleaseOutcome,
+    RenewOutcome, RequestId, State, WriteGate,
 };
 
 const fn ms(n: u64) -> Duration {
@@ -26,6 +26,18 @@ fn sent(lease: &mut Lease) -> Action {
     let action = lease.poll_action();
     assert!(lease.poll_action().is_none());
     action.unwrap()
+}
+
+/// Asserts that a response was the answer to the request in flight.
+trait AssertApplied {
+    fn applied(self);
+}
+
+impl AssertApplied for Handled {
+    #[track_caller]
+    fn applied(self) {
+        assert_eq!(self, Handled::Applied);
+    }
 }
 
 #[track_caller]
@@ -44,7 +56,7 @@ fn acquire(lease: &mut Lease, gate: &WriteGate, t: Instant, fence: Fence) {
     let granted = AcquireOutcome::Granted { fence, ttl };
     lease
         .handle_response(t + ms(5), id, granted.into(), gate)
-        .unwrap();
+        .applied();
     assert!(matches!(event(lease), Event::Acquired { .. }));
     assert_eq!(gate.check(t + ms(6)), Ok(fence));
 }
@@ -89,7 +101,7 @@ fn renew(lease: &mut Lease, gate: &WriteGate, outcome: RenewOutcome) -> Instant 
     let id = sent(lease).id();
     lease
         .handle_response(t + ms(5), id, outcome.into(), gate)
-        .unwrap();
+        .applied();
     t
 }
 
@@ -123,9 +135,10 @@ fn lifetime(config: Config, terms: u64) {
         lease.handle_timeout(timeout, &gate);
         assert!(matches!(event(&mut lease), Event::RenewFailed { .. }));
         let late = RenewOutcome::Renewed { ttl: config.ttl() };
-        assert!(lease
-            .handle_response(timeout, lost_id, late.into(), &gate)
-            .is_err());
+        assert_eq!(
+            lease.handle_response(timeout, lost_id, late.into(), &gate),
+            Handled::Ignored(Ignored::Stale)
+        );
         renew(&mut lease, &gate, renewed);
         assert!(matches!(event(&mut lease), Event::Renewed { .. }));
         // An indeterminate answer, then a stale duplicate, then another success.
@@ -133,7 +146,7 @@ fn lifetime(config: Config, terms: u64) {
         renew(&mut lease, &gate, why);
         assert!(matches!(event(&mut lease), Event::RenewFailed { .. }));
         let stale = lease.handle_response(t, RequestId(0), renewed.into(), &gate);
-        assert!(stale.is_err());
+        assert_eq!(stale, Handled::Ignored(Ignored::Stale));
         renew(&mut lease, &gate, renewed);
         assert!(matches!(event(&mut lease), Event::Renewed { .. }));
 
@@ -145,15 +158,22 @@ fn lifetime(config: Config, terms: u64) {
                 let done = ReleaseOutcome::Released;
                 lease
                     .handle_response(lease.latest_instant() + ms(5), id, done.into(), &gate)
-                    .unwrap();
+                    .applied();
                 assert_eq!(event(&mut lease), Event::Released);
             }
             1 => {
                 renew(&mut lease, &gate, RenewOutcome::NotOwner);
-                let lost = Event::Lost {
-                    reason: LossReason::NotOwner,
-                };
-                assert_eq!(event(&mut lease), lost);
+                let lost = event(&mut lease);
+                assert!(
+                    matches!(
+                        lost,
+                        Event::Lost {
+                            reason: LossReason::NotOwner,
+                            ..
+                        }
+                    ),
+                    "{lost:?}"
+                );
             }
             2 => {
                 // No answer ever again: the deadline passes.
@@ -168,20 +188,34 @@ fn lifetime(config: Config, terms: u64) {
             3 => {
                 lease
                     .handle_revoked(lease.latest_instant(), fence, &gate)
-                    .unwrap();
-                let lost = Event::Lost {
-                    reason: LossReason::Revoked,
-                };
-                assert_eq!(event(&mut lease), lost);
+                    .applied();
+                let lost = event(&mut lease);
+                assert!(
+                    matches!(
+                        lost,
+                        Event::Lost {
+                            reason: LossReason::Revoked,
+                            ..
+                        }
+                    ),
+                    "{lost:?}"
+                );
             }
             _ => {
                 // Granted, but ending before the lease it replaces.
                 let half = config.ttl().checked_div(2).unwrap();
                 renew(&mut lease, &gate, RenewOutcome::Renewed { ttl: half });
-                let lost = Event::Lost {
-                    reason: LossReason::Shortened,
-                };
-                assert_eq!(event(&mut lease), lost);
+                let lost = event(&mut lease);
+                assert!(
+                    matches!(
+                        lost,
+                        Event::Lost {
+                            reason: LossReason::Shortened,
+                            ..
+                        }
+                    ),
+                    "{lost:?}"
+                );
             }
         }
         while lease.poll_action().is_some() {}

@@ -9,13 +9,16 @@
 //! * the gate never passes `check` after the lease reported `Lost`/`Released` in that
 //!   term, and whenever it passes, the lease is held with that fence and deadline;
 //! * a response that is stale for sure (its id or kind is not the newest request's; a
-//!   revocation of a fence not held) is refused with `StaleResponse`, and a refused
-//!   response changes nothing but the stale counter — except what time alone does (a
-//!   deadline reached expires the lease), and a late renewal answer of the held term
-//!   that proves the grant gone or shortened (`NotOwner`, `Refused`, a TTL below the
-//!   granted one), which must end the term with that reason, and a late grant to an
+//!   revocation of a fence not held) is not `Handled::Applied`, and such a response
+//!   changes nothing but a counter (`wrong_kind_answers` for the id in flight answered
+//!   with another kind, `Handled::Ignored(Ignored::WrongKind)`; `stale_responses` for the
+//!   rest) — except what time alone does (a deadline reached expires the lease:
+//!   `Handled::EndedTerm`), and a late renewal answer of the held term that proves the
+//!   grant gone or shortened (`NotOwner`, `Refused`, a TTL below the granted one), which
+//!   must end the term with that reason (`Handled::EndedTerm`), and a late grant to an
 //!   acquire of the current term after it ended, which changes nothing but sends a
-//!   release of the term once no request is in flight;
+//!   release of the term once no request is in flight (`Handled::ReleaseQueued`); any
+//!   other such response is `Handled::Ignored`;
 //! * an acquire ends as `NotAcquired` only with `AcquireFailed { retry_at: None }`, and
 //!   a grant the config cannot hold (`GrantTooShort`) never opens the gate;
 //! * each call yields at most one action and one event; `handle_timeout` twice at the
@@ -25,8 +28,8 @@
 
 use leasehold::{
     AcquireFailure, AcquireOutcome, Action, Config, Duration, Event, Fence, GateSnapshot,
-    GateStatus, Holder, Identity, Indeterminate, Instant, Lease, LossReason, Owner, Refusal,
-    ReleaseOutcome, RenewOutcome, RequestId, Response, State, Term, WriteGate,
+    GateStatus, Handled, Holder, Identity, Ignored, Indeterminate, Instant, Lease, LossReason,
+    Owner, Refusal, ReleaseOutcome, RenewOutcome, RequestId, Response, State, Term, WriteGate,
 };
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
@@ -285,8 +288,9 @@ impl Harness {
             .map_or(true, |last| last.id() != id || !kind(&last))
     }
 
-    /// Applies `op`: whether the lease refused it as stale, and whether it had to.
-    fn apply(&mut self, op: Op) -> (bool, bool) {
+    /// Applies `op`: how the lease handled it (`None` for what is no answer or notice),
+    /// and whether it had to refuse it (anything but `Handled::Applied`).
+    fn apply(&mut self, op: Op) -> (Option<Handled>, bool) {
         let (now, gate) = (self.now, &self.gate);
         let is_acquire = |a: &Action| matches!(a, Action::Acquire { .. });
         let is_renew = |a: &Action| matches!(a, Action::Renew { .. });
@@ -294,38 +298,38 @@ impl Harness {
         match op {
             Op::Acquire => {
                 let _ = self.lease.acquire(now, gate);
-                (false, false)
+                (None, false)
             }
             Op::AcquireUntil(wait) => {
                 let give_up_at = now.saturating_add(Duration::from_micros(wait));
                 let _ = self.lease.acquire_until(now, give_up_at, gate);
-                (false, false)
+                (None, false)
             }
             Op::Release => {
                 let _ = self.lease.release(now, gate);
-                (false, false)
+                (None, false)
             }
             Op::Timeout => {
                 self.lease.handle_timeout(now, gate);
-                (false, false)
+                (None, false)
             }
             Op::AcquireResponse(id, o) => {
                 let id = self.id(id);
                 let must = self.surely_stale(id, is_acquire);
                 let refused = self.lease.handle_response(now, id, o.into(), gate);
-                (refused.is_err(), must)
+                (Some(refused), must)
             }
             Op::RenewResponse(id, o) => {
                 let id = self.id(id);
                 let must = self.surely_stale(id, is_renew);
                 let refused = self.lease.handle_response(now, id, o.into(), gate);
-                (refused.is_err(), must)
+                (Some(refused), must)
             }
             Op::ReleaseResponse(id, o) => {
                 let id = self.id(id);
                 let must = self.surely_stale(id, is_release);
                 let refused = self.lease.handle_response(now, id, o.into(), gate);
-                (refused.is_err(), must)
+                (Some(refused), must)
             }
             Op::Revoked(fence) => {
                 let held = self.lease.fence();
@@ -337,12 +341,12 @@ impl Harness {
                 });
                 let must = !due && held != Some(fence);
                 let refused = self.lease.handle_revoked(now, fence, gate);
-                (refused.is_err(), must)
+                (Some(refused), must)
             }
             Op::Answer(a) => {
                 let (id, response) = self.answer(a);
                 let refused = self.lease.handle_response(now, id, response, gate);
-                (refused.is_err(), self.last_action.is_none())
+                (Some(refused), self.last_action.is_none())
             }
         }
     }
@@ -397,7 +401,7 @@ impl Harness {
             "time never goes backwards inside"
         );
         prop_assert_eq!(lease.stats().overwritten_events, 0);
-        prop_assert_eq!(seen.gate.term, seen.term.0 & 0x0fff_ffff);
+        prop_assert_eq!(seen.gate.term, seen.term);
         let held = matches!(seen.state, State::Holding | State::RenewPending);
         prop_assert_eq!(seen.fence.is_some(), held);
         prop_assert_eq!(seen.deadline.is_some(), held);
@@ -470,7 +474,7 @@ impl Harness {
         }
         for event in events {
             match *event {
-                Event::Lost { reason } => {
+                Event::Lost { reason, .. } => {
                     prop_assert_eq!(seen.state, State::Lost(reason));
                     prop_assert_eq!(seen.gate.status, GateStatus::Lost(reason));
                 }
@@ -486,7 +490,9 @@ impl Harness {
                     prop_assert_eq!(Some(granted), seen.granted);
                     prop_assert!(self.lease.config().accepts_grant(granted));
                 }
-                Event::AcquireFailed { reason, retry_at } => {
+                Event::AcquireFailed {
+                    reason, retry_at, ..
+                } => {
                     let over = matches!(seen.state, State::NotAcquired(r) if r == reason);
                     prop_assert_eq!(retry_at.is_none(), over, "{:?}", seen.state);
                     if reason == AcquireFailure::GrantTooShort {
@@ -519,6 +525,7 @@ fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
         let before = h.observe();
         let latest_before = h.lease.latest_instant();
         let stale_before = h.lease.stats().stale_responses;
+        let wrong_before = h.lease.stats().wrong_kind_answers;
         let response = h.response_of(op);
         let newest = h.ids.last().copied().unwrap_or(RequestId(0));
         // A grant to an acquire of the current term (ids up to its newest) after the
@@ -535,7 +542,18 @@ fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
             _ => None,
         };
         let busy = h.lease.is_awaiting(newest);
-        let (stale, must) = h.apply(op);
+        // The id of the request in flight, answered with another kind of answer.
+        let wrong_kind = match (response, h.last_action) {
+            (Some((id, response)), Some(last)) if busy && id == newest => !matches!(
+                (response, last),
+                (Response::Acquire(_), Action::Acquire { .. })
+                    | (Response::Renew(_), Action::Renew { .. })
+                    | (Response::Release(_), Action::Release { .. })
+            ),
+            _ => false,
+        };
+        let (handled, must) = h.apply(op);
+        let stale = handled.is_some_and(|handled| handled != Handled::Applied);
         prop_assert!(stale || !must, "a stale answer was taken: {:?}", op);
         let (actions, events) = h.drain();
         prop_assert!(
@@ -546,8 +564,8 @@ fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
 
         let after = h.observe();
         let stale_after = h.lease.stats().stale_responses;
+        let wrong_after = h.lease.stats().wrong_kind_answers;
         if stale {
-            prop_assert_eq!(stale_after, stale_before.saturating_add(1));
             // Time alone may expire a held lease: the only change a stale answer may see.
             let now = latest_before.max(h.now);
             // (`Instant::MAX` is the lease's "never": a deadline saturated there never
@@ -573,18 +591,38 @@ fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
                 },
                 _ => None,
             };
+            // Counted once: as an answer of the wrong kind, or as stale.
+            if handled == Some(Handled::Ignored(Ignored::WrongKind)) {
+                prop_assert_eq!(stale_after, stale_before);
+                prop_assert_eq!(wrong_after, wrong_before.saturating_add(1));
+            } else {
+                prop_assert_eq!(stale_after, stale_before.saturating_add(1));
+                prop_assert_eq!(wrong_after, wrong_before);
+            }
             if expired {
+                prop_assert_eq!(handled, Some(Handled::EndedTerm));
                 prop_assert_eq!(after.state, State::Lost(LossReason::Expired));
-                prop_assert_eq!(
-                    &events,
-                    &[Event::Lost {
-                        reason: LossReason::Expired
-                    }]
+                prop_assert!(
+                    matches!(
+                        events.as_slice(),
+                        [Event::Lost {
+                            reason: LossReason::Expired,
+                            ..
+                        }]
+                    ),
+                    "{:?}",
+                    events
                 );
             } else if let (Some(reason), Some(_)) = (proves, before.fence) {
+                prop_assert_eq!(handled, Some(Handled::EndedTerm), "late {:?}", response);
                 prop_assert_eq!(after.state, State::Lost(reason), "late {:?}", response);
-                prop_assert_eq!(&events, &[Event::Lost { reason }]);
+                prop_assert!(
+                    matches!(events.as_slice(), [Event::Lost { reason: r, .. }] if *r == reason),
+                    "{:?}",
+                    events
+                );
             } else if let Some(term) = late_grant {
+                prop_assert_eq!(handled, Some(Handled::ReleaseQueued));
                 // Released again, nothing else changes (the gate stays as it was);
                 // with a request in flight, the release waits for it.
                 let unchanged = Observed {
@@ -601,11 +639,18 @@ fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
                     other => prop_assert!(false, "{:?} for a late grant", other),
                 }
             } else {
+                let why = if wrong_kind {
+                    Ignored::WrongKind
+                } else {
+                    Ignored::Stale
+                };
+                prop_assert_eq!(handled, Some(Handled::Ignored(why)), "{:?}", op);
                 prop_assert_eq!(&after, &before, "a stale answer changed the lease");
                 prop_assert!(actions.is_empty() && events.is_empty());
             }
         } else {
             prop_assert_eq!(stale_after, stale_before);
+            prop_assert_eq!(wrong_after, wrong_before);
         }
 
         if let Op::Timeout = op {
@@ -717,14 +762,22 @@ fn handle_timeout_at_the_end_of_time_is_idempotent() {
     lease.acquire(end - ms(70), &gate).unwrap();
     assert!(matches!(lease.poll_action(), Some(Action::Acquire { .. })));
     lease.handle_timeout(end - ms(10), &gate);
-    let failed = Event::AcquireFailed {
-        reason: AcquireFailure::Indeterminate(Indeterminate::Timeout),
-        retry_at: None,
-    };
+
     // The retry would fall past the end of time: the acquire gives up, releasing what
     // the timed-out attempt may have been granted.
     assert!(matches!(lease.poll_action(), Some(Action::Release { .. })));
-    assert_eq!(lease.poll_event(), Some(failed));
+    let failed = lease.poll_event();
+    assert!(
+        matches!(
+            failed,
+            Some(Event::AcquireFailed {
+                reason: AcquireFailure::Indeterminate(Indeterminate::Timeout),
+                retry_at: None,
+                ..
+            })
+        ),
+        "{failed:?}"
+    );
     assert_eq!(lease.poll_timeout(), None);
     idle(&mut lease, &gate);
 }

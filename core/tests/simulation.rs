@@ -143,14 +143,20 @@ fn a_lost_renewal_is_retried_inside_the_budget_and_is_not_a_loss() {
     assert_eq!(assert_holds(&mut sim, A), fence);
     assert_eq!(losses(&sim, A), 0);
     assert_eq!(sim.scripted_checks(A), [(at(ms(1_280)), Ok(fence))]);
-    let failed = Event::RenewFailed {
-        reason: Indeterminate::Timeout,
-        retry_at: Some(at(ms(1_290))),
-        deadline: Instant::from_micros(1_569_400),
-        writes_paused: false,
+    let failed = |e: &Event| {
+        matches!(
+            *e,
+            Event::RenewFailed {
+                reason: Indeterminate::Timeout,
+                retry_at: Some(retry_at),
+                deadline,
+                writes_paused: false,
+                ..
+            } if retry_at == at(ms(1_290)) && deadline == Instant::from_micros(1_569_400)
+        )
     };
     let events = sim.events_of(A);
-    let at_failure = events.iter().position(|e| *e == failed);
+    let at_failure = events.iter().position(failed);
     let at_failure = at_failure.expect("the lost renewal was reported");
     assert!(matches!(events[at_failure + 1], Event::Renewed { .. }));
 }
@@ -289,10 +295,12 @@ fn a_renewal_answered_longer_than_asked_counts_only_as_asked() {
     sim.partition(A, at(ms(402)), at(ms(410)));
     sim.run_until(at(ms(300)));
     let fence = assert_holds(&mut sim, A);
-    let renewed = Event::Renewed {
-        deadline: Instant::from_micros(200_000 + 569_400),
-    };
-    assert_eq!(sim.events_of(A)[1], renewed, "as if renewed for 600 ms");
+    let renewed = sim.events_of(A)[1];
+    assert!(
+        matches!(renewed, Event::Renewed { deadline, .. }
+            if deadline == Instant::from_micros(200_000 + 569_400)),
+        "as if renewed for 600 ms: {renewed:?}"
+    );
     sim.run_until(at(ms(1_500)));
     assert_eq!(assert_holds(&mut sim, A), fence);
     assert_eq!(losses(&sim, A), 0);
@@ -324,9 +332,14 @@ fn a_renewal_answered_shorter_than_asked_ends_the_term_when_it_arrives_late() {
     sim.slow_down(A, at(ms(202)), at(ms(208)), ms(100));
     sim.run_until(at(ms(309)));
     let fence = assert_holds(&mut sim, A);
-    assert!(sim.events_of(A).contains(&Event::Renewed {
-        deadline: Instant::from_micros(290_000 + 569_400)
-    }));
+    assert!(
+        sim.events_of(A)
+            .iter()
+            .any(|e| matches!(*e, Event::Renewed { deadline, .. }
+            if deadline == Instant::from_micros(290_000 + 569_400))),
+        "{:?}",
+        sim.events_of(A)
+    );
     sim.run_until(at(ms(310)));
     assert_lost(&sim, A, LossReason::Shortened);
     assert!(sim.check(A).is_err());
@@ -371,10 +384,12 @@ fn a_shorter_grant_is_held_and_renewed_at_its_own_cadence() {
     let events = sim.events_of(A);
     assert!(matches!(events[0], Event::Acquired { granted, .. } if granted == ms(450)));
     // Sent at 150 ms (450 / 3, exact): + 450 − 0.45 (drift) − 30 (margin).
-    let renewed = Event::Renewed {
-        deadline: Instant::from_micros(569_550),
-    };
-    assert_eq!(events[1], renewed);
+    assert!(
+        matches!(events[1], Event::Renewed { deadline, .. }
+            if deadline == Instant::from_micros(569_550)),
+        "{:?}",
+        events[1]
+    );
     assert!(sim
         .sent
         .iter()
@@ -398,11 +413,18 @@ fn a_grant_too_short_to_hold_is_refused_and_released() {
         sim.state(A),
         State::NotAcquired(AcquireFailure::GrantTooShort)
     );
-    let failed = Event::AcquireFailed {
-        reason: AcquireFailure::GrantTooShort,
-        retry_at: None,
-    };
-    assert_eq!(sim.events_of(A), [failed]);
+    let events = sim.events_of(A);
+    assert!(
+        matches!(
+            events[..],
+            [Event::AcquireFailed {
+                reason: AcquireFailure::GrantTooShort,
+                retry_at: None,
+                ..
+            }]
+        ),
+        "{events:?}"
+    );
     assert_eq!(
         sim.scripted_checks(A),
         [(at(ms(10)), Err(GateError::NotHeld))]
@@ -425,12 +447,16 @@ fn a_bounded_acquire_gives_up_while_another_holds() {
     );
     let b = sim.events_of(B);
     assert!(b.len() >= 2, "retried at least once: {b:?}");
-    assert_eq!(
-        b.last(),
-        Some(&Event::AcquireFailed {
-            reason: AcquireFailure::HeldByAnother,
-            retry_at: None
-        })
+    assert!(
+        matches!(
+            b.last(),
+            Some(Event::AcquireFailed {
+                reason: AcquireFailure::HeldByAnother,
+                retry_at: None,
+                ..
+            })
+        ),
+        "{b:?}"
     );
     assert_eq!(sim.tally.held_by_another, b.len() as u64);
     assert!(sim
@@ -472,11 +498,18 @@ fn a_refused_acquire_ends_at_once_and_is_never_retried() {
     sim.run_until(at(ms(1_000)));
     let refused = AcquireFailure::Refused(Refusal::Unauthorized);
     assert_eq!(sim.state(A), State::NotAcquired(refused));
-    let failed = Event::AcquireFailed {
-        reason: refused,
-        retry_at: None,
-    };
-    assert_eq!(sim.events_of(A), [failed]);
+    let events = sim.events_of(A);
+    assert!(
+        matches!(
+            events[..],
+            [Event::AcquireFailed {
+                reason,
+                retry_at: None,
+                ..
+            }] if reason == refused
+        ),
+        "{events:?}"
+    );
     assert_eq!(
         sim.sent.len(),
         1,

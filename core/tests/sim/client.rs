@@ -22,10 +22,10 @@ impl Sim {
         // Rule 4: "not owner" is definitive, at once; so is a revocation of our grant.
         let state = self.clients[who].lease.state();
         match (resp, result) {
-            (Reply::Renew(_, RenewOutcome::NotOwner), Ok(())) => {
+            (Reply::Renew(_, RenewOutcome::NotOwner), Handled::Applied) => {
                 assert_eq!(state, State::Lost(LossReason::NotOwner), "rule 4");
             }
-            (Reply::Revoked(_), Ok(())) => assert!(matches!(state, State::Lost(_))),
+            (Reply::Revoked(_), Handled::Applied) => assert!(matches!(state, State::Lost(_))),
             (Reply::Acquire(_, AcquireOutcome::HeldByAnother(holder)), _) => {
                 let grant = self
                     .service
@@ -53,7 +53,13 @@ impl Sim {
                     "{} kept its term after {resp} ({result:?})",
                     name(who)
                 );
-                let late = result.is_err();
+                // Held until after `local`: the deadline cannot have ended it first.
+                assert!(
+                    matches!(result, Handled::Applied | Handled::EndedTerm),
+                    "{} ended its term after {resp} as {result:?}",
+                    name(who)
+                );
+                let late = result == Handled::EndedTerm;
                 self.tally.late_not_owner += u64::from(late && reason == LossReason::NotOwner);
                 self.tally.shortened_late += u64::from(late && reason == LossReason::Shortened);
             }
@@ -110,6 +116,7 @@ impl Sim {
                 fence,
                 deadline,
                 granted,
+                ..
             } => {
                 assert_eq!(term, self.clients[who].lease.term());
                 let grant = self.service.grant(fence).expect("acquired a real grant");
@@ -134,7 +141,7 @@ impl Sim {
                     self.schedule(when, what);
                 }
             }
-            Event::Renewed { deadline } => {
+            Event::Renewed { deadline, .. } => {
                 let fence = self.clients[who]
                     .lease
                     .fence()
@@ -161,7 +168,7 @@ impl Sim {
                 }
                 self.tally.renew_failed += 1;
             }
-            Event::Lost { reason } => {
+            Event::Lost { reason, .. } => {
                 // Rule 5: the gate closed before this was emitted.
                 let gate = self.clients[who].gate.check(local);
                 assert_eq!(
@@ -182,6 +189,7 @@ impl Sim {
             Event::AcquireFailed {
                 reason,
                 retry_at: None,
+                ..
             } => {
                 // The acquire is over: the gate never opened in this term.
                 assert!(

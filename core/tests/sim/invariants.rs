@@ -140,11 +140,7 @@ impl Sim {
             self.assert_deadline_is_safe(who, fence, deadline, "held");
         }
         let snapshot = c.gate.snapshot().expect("no concurrent writer");
-        assert_eq!(
-            snapshot.term,
-            term.0 & 0x0fff_ffff,
-            "{n}: gate of another term"
-        );
+        assert_eq!(snapshot.term, term, "{n}: gate of another term");
         let gate_deadline = matches!(snapshot.status, GateStatus::Held | GateStatus::Paused)
             .then_some(snapshot.deadline);
         let deadline = lease.deadline();
