@@ -173,9 +173,13 @@ fn main() {
         let (due, later): (Vec<_>, Vec<_>) = answers.drain(..).partition(|(at, ..)| *at <= now);
         answers = later;
         for (_, id, answer) in due {
-            // A stale answer (an old request the lease gave up on) is refused and
-            // counted; nothing else to do.
-            let _ = lease.handle_response(t, id, answer, &gate);
+            // Whatever the answer did, the drain at the top of the loop hands out what
+            // it queued. A late answer may still end the term (`EndedTerm`) or queue a
+            // release (`ReleaseQueued`); only `Stale` and `WrongKind` changed nothing.
+            let handled = lease.handle_response(t, id, answer, &gate);
+            if !handled.changed() {
+                line(ms(now), "lease", format!("answer #{} ignored: {handled:?}", id.0));
+            }
         }
         // Harmless when nothing is due.
         lease.handle_timeout(t, &gate);

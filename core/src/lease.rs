@@ -570,7 +570,7 @@ impl Lease {
         let term = if self.term().0 >= MAX_TERM.0 {
             1
         } else {
-            self.term().0 + 1
+            self.term().0.wrapping_add(1)
         };
         self.last_id = u64::from(term) << 32;
         self.fence = Fence(0);

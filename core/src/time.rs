@@ -278,8 +278,13 @@ pub const fn div_rem_u16(n: u64, d: NonZeroU16) -> (u64, u16) {
         rest_of_n <<= 16;
         // `rest < d < 2^16`, so this fits in 32 bits.
         let partial = (rest << 16) | digit;
-        quotient = (quotient << 16) | partial.wrapping_div(d) as u64;
-        rest = partial.wrapping_rem(d);
+        // `d` came from a `NonZeroU16`: neither can divide by zero. (`u32 / NonZeroU32`
+        // would say so in the type, but is not `const`.)
+        #[allow(clippy::arithmetic_side_effects)]
+        {
+            quotient = (quotient << 16) | (partial / d) as u64;
+            rest = partial % d;
+        }
     }
     (quotient, rest as u16)
 }

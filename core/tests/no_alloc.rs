@@ -11,8 +11,8 @@
 use allocation_counter::measure;
 use leasehold::{
     AcquireOutcome, Action, Config, Duration, Event, Fence, FenceGate, Handled, Holder, Identity,
-    Ignored, Indeterminate, Instant, Lease, LossReason, Owner, Refusal, ReleaseOutcome,
-    RenewOutcome, RequestId, State, WriteGate,
+    Indeterminate, Instant, Lease, LossReason, Owner, Refusal, ReleaseOutcome, RenewOutcome,
+    RequestId, State, WriteGate,
 };
 
 const fn ms(n: u64) -> Duration {
@@ -137,7 +137,7 @@ fn lifetime(config: Config, terms: u64) {
         let late = RenewOutcome::Renewed { ttl: config.ttl() };
         assert_eq!(
             lease.handle_response(timeout, lost_id, late.into(), &gate),
-            Handled::Ignored(Ignored::Stale)
+            Handled::Stale
         );
         renew(&mut lease, &gate, renewed);
         assert!(matches!(event(&mut lease), Event::Renewed { .. }));
@@ -146,7 +146,7 @@ fn lifetime(config: Config, terms: u64) {
         renew(&mut lease, &gate, why);
         assert!(matches!(event(&mut lease), Event::RenewFailed { .. }));
         let stale = lease.handle_response(t, RequestId(0), renewed.into(), &gate);
-        assert_eq!(stale, Handled::Ignored(Ignored::Stale));
+        assert_eq!(stale, Handled::Stale);
         renew(&mut lease, &gate, renewed);
         assert!(matches!(event(&mut lease), Event::Renewed { .. }));
 

@@ -10,15 +10,14 @@
 //!   term, and whenever it passes, the lease is held with that fence and deadline;
 //! * a response that is stale for sure (its id or kind is not the newest request's; a
 //!   revocation of a fence not held) is not `Handled::Applied`, and such a response
-//!   changes nothing but a counter (`wrong_kind_answers` for the id in flight answered
-//!   with another kind, `Handled::Ignored(Ignored::WrongKind)`; `stale_responses` for the
-//!   rest) — except what time alone does (a deadline reached expires the lease:
+//!   changes nothing but `stale_responses` (`Handled::WrongKind` for the id in flight
+//!   answered with another kind, `Handled::Stale` for the rest) — except what time alone does (a deadline reached expires the lease:
 //!   `Handled::EndedTerm`), and a late renewal answer of the held term that proves the
 //!   grant gone or shortened (`NotOwner`, `Refused`, a TTL below the granted one), which
 //!   must end the term with that reason (`Handled::EndedTerm`), and a late grant to an
 //!   acquire of the current term after it ended, which changes nothing but sends a
 //!   release of the term once no request is in flight (`Handled::ReleaseQueued`); any
-//!   other such response is `Handled::Ignored`;
+//!   other such response is `Handled::Stale` or `Handled::WrongKind`;
 //! * an acquire ends as `NotAcquired` only with `AcquireFailed { retry_at: None }`, and
 //!   a grant the config cannot hold (`GrantTooShort`) never opens the gate;
 //! * each call yields at most one action and one event; `handle_timeout` twice at the
@@ -28,8 +27,8 @@
 
 use leasehold::{
     AcquireFailure, AcquireOutcome, Action, Config, Duration, Event, Fence, GateSnapshot,
-    GateStatus, Handled, Holder, Identity, Ignored, Indeterminate, Instant, Lease, LossReason,
-    Owner, Refusal, ReleaseOutcome, RenewOutcome, RequestId, Response, State, Term, WriteGate,
+    GateStatus, Handled, Holder, Identity, Indeterminate, Instant, Lease, LossReason, Owner,
+    Refusal, ReleaseOutcome, RenewOutcome, RequestId, Response, State, Term, WriteGate,
 };
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
@@ -525,7 +524,6 @@ fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
         let before = h.observe();
         let latest_before = h.lease.latest_instant();
         let stale_before = h.lease.stats().stale_responses;
-        let wrong_before = h.lease.stats().wrong_kind_answers;
         let response = h.response_of(op);
         let newest = h.ids.last().copied().unwrap_or(RequestId(0));
         // A grant to an acquire of the current term (ids up to its newest) after the
@@ -564,7 +562,6 @@ fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
 
         let after = h.observe();
         let stale_after = h.lease.stats().stale_responses;
-        let wrong_after = h.lease.stats().wrong_kind_answers;
         if stale {
             // Time alone may expire a held lease: the only change a stale answer may see.
             let now = latest_before.max(h.now);
@@ -591,14 +588,8 @@ fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
                 },
                 _ => None,
             };
-            // Counted once: as an answer of the wrong kind, or as stale.
-            if handled == Some(Handled::Ignored(Ignored::WrongKind)) {
-                prop_assert_eq!(stale_after, stale_before);
-                prop_assert_eq!(wrong_after, wrong_before.saturating_add(1));
-            } else {
-                prop_assert_eq!(stale_after, stale_before.saturating_add(1));
-                prop_assert_eq!(wrong_after, wrong_before);
-            }
+            // Counted once, whatever it did.
+            prop_assert_eq!(stale_after, stale_before.saturating_add(1));
             if expired {
                 prop_assert_eq!(handled, Some(Handled::EndedTerm));
                 prop_assert_eq!(after.state, State::Lost(LossReason::Expired));
@@ -640,17 +631,16 @@ fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
                 }
             } else {
                 let why = if wrong_kind {
-                    Ignored::WrongKind
+                    Handled::WrongKind
                 } else {
-                    Ignored::Stale
+                    Handled::Stale
                 };
-                prop_assert_eq!(handled, Some(Handled::Ignored(why)), "{:?}", op);
+                prop_assert_eq!(handled, Some(why), "{:?}", op);
                 prop_assert_eq!(&after, &before, "a stale answer changed the lease");
                 prop_assert!(actions.is_empty() && events.is_empty());
             }
         } else {
             prop_assert_eq!(stale_after, stale_before);
-            prop_assert_eq!(wrong_after, wrong_before);
         }
 
         if let Op::Timeout = op {

@@ -390,7 +390,7 @@ fn rule4_a_revocation_notice_for_the_held_fence_loses_at_once() {
     // A notice about another grant is stale.
     assert_eq!(
         r.lease.handle_revoked(at(100), Fence(4), &r.gate),
-        Handled::Ignored(Ignored::Stale)
+        Handled::Stale
     );
     assert_eq!(r.check(at(100)), Ok(Fence(5)));
     r.lease.handle_revoked(at(101), Fence(5), &r.gate).applied();
@@ -714,10 +714,7 @@ fn rule6_only_a_grant_to_an_acquire_that_was_sent_is_released_again() {
         RequestId((2 << 32) | 1),
         RequestId(1 << 32),
     ] {
-        assert_eq!(
-            late_grant(&mut r, at(30), id),
-            Handled::Ignored(Ignored::Stale)
-        );
+        assert_eq!(late_grant(&mut r, at(30), id), Handled::Stale);
         assert_eq!(r.lease.poll_action(), None, "{id:?}");
     }
     let held = AcquireOutcome::HeldByAnother(Holder {
@@ -728,7 +725,7 @@ fn rule6_only_a_grant_to_an_acquire_that_was_sent_is_released_again() {
     assert_eq!(
         r.lease
             .handle_response(at(31), acquire, held.into(), &r.gate),
-        Handled::Ignored(Ignored::Stale)
+        Handled::Stale
     );
     assert_eq!(r.lease.poll_action(), None);
     assert_eq!(r.lease.stats().stale_responses, 5);
@@ -790,20 +787,14 @@ fn rule6_a_late_grant_of_the_running_term_sends_nothing() {
     let mut r = Rig::new();
     let first = r.start(at(0));
     r.lease.handle_timeout(at(90), &r.gate); // times out, a retry is scheduled
-    assert_eq!(
-        late_grant(&mut r, at(91), first),
-        Handled::Ignored(Ignored::Stale)
-    );
+    assert_eq!(late_grant(&mut r, at(91), first), Handled::Stale);
     assert_eq!(r.lease.poll_action(), None);
     assert_eq!(r.lease.state(), State::Acquiring);
     let retry = r.lease.poll_timeout().unwrap();
     r.lease.handle_timeout(retry, &r.gate);
     let second = r.lease.poll_action().unwrap().id();
     r.grant(retry + ms(1), second, 9, ms(900));
-    assert_eq!(
-        late_grant(&mut r, retry + ms(2), first),
-        Handled::Ignored(Ignored::Stale)
-    );
+    assert_eq!(late_grant(&mut r, retry + ms(2), first), Handled::Stale);
     assert_eq!(r.lease.poll_action(), None);
     assert_eq!(r.lease.state(), State::Holding);
 }
@@ -822,10 +813,7 @@ fn rule6_a_late_grant_of_an_older_term_is_only_counted() {
     let _ = r.drain_events();
     let newer = r.start(at(30));
     let stale = r.lease.stats().stale_responses;
-    assert_eq!(
-        late_grant(&mut r, at(31), old),
-        Handled::Ignored(Ignored::Stale)
-    );
+    assert_eq!(late_grant(&mut r, at(31), old), Handled::Stale);
     assert_eq!(r.lease.stats().stale_responses, stale + 1);
     assert_eq!(
         r.lease.poll_action(),
@@ -884,13 +872,13 @@ fn rule8_stale_responses_are_ignored_counted_and_extend_nothing() {
     assert_eq!(
         r.lease
             .handle_response(at(440), old, RENEWED.into(), &r.gate),
-        Handled::Ignored(Ignored::Stale)
+        Handled::Stale
     );
     // An unknown id; the acquire answered twice; the wrong kind of answer.
     assert_eq!(
         r.lease
             .handle_response(at(441), RequestId(999), RENEWED.into(), &r.gate),
-        Handled::Ignored(Ignored::Stale)
+        Handled::Stale
     );
     let granted = AcquireOutcome::Granted {
         fence: Fence(6),
@@ -899,16 +887,15 @@ fn rule8_stale_responses_are_ignored_counted_and_extend_nothing() {
     assert_eq!(
         r.lease
             .handle_response(at(442), first_acquire, granted.into(), &r.gate),
-        Handled::Ignored(Ignored::Stale)
+        Handled::Stale
     );
     assert_eq!(
         r.lease
             .handle_response(at(443), current, ReleaseOutcome::Released.into(), &r.gate),
-        Handled::Ignored(Ignored::WrongKind)
+        Handled::WrongKind
     );
     assert_eq!(r.lease.deadline(), deadline);
-    assert_eq!(r.lease.stats().stale_responses, 3);
-    assert_eq!(r.lease.stats().wrong_kind_answers, 1);
+    assert_eq!(r.lease.stats().stale_responses, 4);
     assert_eq!(r.check(at(444)), Ok(Fence(5)));
     // The current one still counts.
     r.renew_answer(at(450), current, RENEWED);
@@ -927,7 +914,7 @@ fn rule8_answers_from_a_previous_term_cannot_reopen_the_gate() {
     assert_eq!(
         r.lease
             .handle_response(at(401), old_renewal, RENEWED.into(), &r.gate),
-        Handled::Ignored(Ignored::Stale)
+        Handled::Stale
     );
     assert_eq!(r.lease.state(), State::Acquiring);
     assert_eq!(r.check(at(401)), Err(GateError::NotHeld));
@@ -956,12 +943,14 @@ fn rule8_an_answer_for_the_id_the_expiry_just_queued_is_stale_and_the_release_go
 
 // ----- Rule 8: what an answer did (`Handled`) ---------------------------------------
 
-/// A driver loop that skips the drain whenever an answer is `Handled::Ignored`, and
+/// A driver loop that skips the drain whenever an answer is ignored (`Handled::changed`), and
 /// otherwise drains `poll_event`: what it saw.
 fn deliver_skipping_ignored(r: &mut Rig, answers: &[(Instant, RequestId, Response)]) -> Vec<Event> {
     let mut seen = Vec::new();
     for &(now, id, response) in answers {
-        if let Handled::Ignored(_) = r.lease.handle_response(now, id, response, &r.gate) {
+        if let Handled::Stale | Handled::WrongKind =
+            r.lease.handle_response(now, id, response, &r.gate)
+        {
             continue;
         }
         while let Some(event) = r.lease.poll_event() {
@@ -972,8 +961,8 @@ fn deliver_skipping_ignored(r: &mut Rig, answers: &[(Instant, RequestId, Respons
 }
 
 /// A late "not owner" to a renewal of the held term is not the answer awaited, yet it
-/// ends the term: it is `EndedTerm`, not `Ignored`, so a loop that skips the drain on
-/// `Ignored` still sees the loss (with `Result<(), StaleResponse>` it was an `Err`, and
+/// ends the term: it is `EndedTerm`, not `Stale`, so a loop that skips the drain on
+/// ignored answers still sees the loss (with `Result<(), StaleResponse>` it was an `Err`, and
 /// a loop that skipped on `Err` missed it).
 #[test]
 fn rule8_a_loop_that_skips_ignored_answers_still_sees_a_late_not_owner() {
@@ -1032,7 +1021,7 @@ fn rule8_request_ids_are_per_lease() {
     assert_eq!(
         b.lease
             .handle_response(at(1), first_a, renewed_for_a.into(), &b.gate),
-        Handled::Ignored(Ignored::WrongKind)
+        Handled::WrongKind
     );
     assert!(b.lease.is_awaiting(first_b));
     let granted_to_a = AcquireOutcome::Granted {
@@ -1050,7 +1039,7 @@ fn rule8_request_ids_are_per_lease() {
     assert_eq!(a.lease.state(), State::Acquiring);
 }
 
-/// An answer of the wrong kind under the id in flight is ignored and counted apart;
+/// An answer of the wrong kind under the id in flight is ignored and counted;
 /// the request stays in flight, and its right answer is still taken.
 #[test]
 fn rule8_an_answer_of_the_wrong_kind_leaves_the_request_in_flight() {
@@ -1066,10 +1055,9 @@ fn rule8_an_answer_of_the_wrong_kind_leaves_the_request_in_flight() {
     assert_eq!(
         r.lease
             .handle_response(at(301), renewal, granted.into(), &r.gate),
-        Handled::Ignored(Ignored::WrongKind)
+        Handled::WrongKind
     );
-    assert_eq!(r.lease.stats().wrong_kind_answers, 1);
-    assert_eq!(r.lease.stats().stale_responses, 0);
+    assert_eq!(r.lease.stats().stale_responses, 1);
     assert!(r.lease.is_awaiting(renewal));
     assert_eq!(r.lease.state(), State::RenewPending);
     assert_eq!(r.lease.deadline(), deadline);
@@ -1087,7 +1075,7 @@ fn rule8_an_answer_of_the_wrong_kind_leaves_the_request_in_flight() {
         r.drain_events().as_slice(),
         [Event::Renewed { deadline, .. }] if *deadline == at_us(300_000 + WINDOW_US)
     );
-    assert_eq!(r.lease.stats().wrong_kind_answers, 1);
+    assert_eq!(r.lease.stats().stale_responses, 1);
 }
 
 /// The gate's snapshot names the full term of the lease, in every state of every term.
@@ -1322,7 +1310,7 @@ fn contract_a_late_renewal_confirming_a_shorter_ttl_closes_the_gate_at_once() {
 
 #[test]
 fn contract_a_late_renewal_confirming_the_ttl_asked_changes_nothing() {
-    let r = late_renewal_answer(ms(900), at(400), Handled::Ignored(Ignored::Stale));
+    let r = late_renewal_answer(ms(900), at(400), Handled::Stale);
     assert_eq!(r.lease.state(), State::RenewPending);
     assert_eq!(
         r.lease.deadline(),
@@ -1548,7 +1536,7 @@ fn contract_a_renewal_answer_for_an_id_that_was_no_renewal_of_the_grant_proves_n
         ] {
             assert_eq!(
                 r.lease.handle_response(at(20), id, outcome.into(), &r.gate),
-                Handled::Ignored(Ignored::Stale)
+                Handled::Stale
             );
             assert_eq!(r.lease.state(), State::Holding, "{id:?} {outcome:?}");
             assert_eq!(r.check(at(20)), Ok(Fence(5)));
@@ -1631,7 +1619,7 @@ fn contract_not_owner_from_a_previous_term_stays_stale() {
     assert_eq!(
         r.lease
             .handle_response(at(402), old, RenewOutcome::NotOwner.into(), &r.gate),
-        Handled::Ignored(Ignored::Stale)
+        Handled::Stale
     );
     assert_eq!(r.check(at(402)), Ok(Fence(6)));
 }

@@ -160,7 +160,11 @@ impl Driver {
             fence,
             ttl: deadline - self.sent,
         };
-        assert_eq!(self.lease.handle_response(now, id, granted.into(), gate), Handled::Applied, "grant accepted");
+        assert_eq!(
+            self.lease.handle_response(now, id, granted.into(), gate),
+            Handled::Applied,
+            "grant accepted"
+        );
         assert_eq!(self.lease.state(), State::Holding);
         assert_eq!(self.lease.deadline(), Some(deadline));
         self.drain_events();
@@ -194,7 +198,11 @@ impl Driver {
         let renewed = RenewOutcome::Renewed {
             ttl: deadline - self.sent,
         };
-        assert_eq!(self.lease.handle_response(now, id, renewed.into(), gate), Handled::Applied, "renewal accepted");
+        assert_eq!(
+            self.lease.handle_response(now, id, renewed.into(), gate),
+            Handled::Applied,
+            "renewal accepted"
+        );
         assert_eq!(self.lease.state(), State::Holding);
         assert_eq!(self.lease.deadline(), Some(deadline));
         self.drain_events();
@@ -206,19 +214,32 @@ impl Driver {
         match ending {
             Ending::NotOwner => {
                 let id = self.send_renewal(now, gate);
-                assert_eq!(self.lease.handle_response(now, id, RenewOutcome::NotOwner.into(), gate), Handled::Applied, "renewal answer accepted");
+                assert_eq!(
+                    self.lease
+                        .handle_response(now, id, RenewOutcome::NotOwner.into(), gate),
+                    Handled::Applied,
+                    "renewal answer accepted"
+                );
             }
             Ending::Expired => self.lease.handle_timeout(now, gate),
             Ending::Revoked => {
                 let fence = self.lease.fence().expect("revoked while held");
-                assert_eq!(self.lease.handle_revoked(now, fence, gate), Handled::Applied, "revocation accepted");
+                assert_eq!(
+                    self.lease.handle_revoked(now, fence, gate),
+                    Handled::Applied,
+                    "revocation accepted"
+                );
             }
             Ending::Shortened => {
                 let id = self.send_renewal(now, gate);
                 let shorter = RenewOutcome::Renewed {
                     ttl: Duration::from_millis(1),
                 };
-                assert_eq!(self.lease.handle_response(now, id, shorter.into(), gate), Handled::Applied, "renewal answer accepted");
+                assert_eq!(
+                    self.lease.handle_response(now, id, shorter.into(), gate),
+                    Handled::Applied,
+                    "renewal answer accepted"
+                );
             }
             Ending::Released => self.lease.release(now, gate).expect("release allowed"),
         }

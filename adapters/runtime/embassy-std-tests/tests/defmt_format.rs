@@ -13,7 +13,7 @@ use leasehold_embassy::leasehold::{
     ConfigBuilder, ConfigError, Duration, Event, Fence, FenceGate, GateError, GateStatus, Holder,
     HolderOutcome, Identity, IdentityError, Indeterminate, Instant, KeyError, LossReason,
     NotActive, Owner, Refusal, ReleaseOutcome, RenewOutcome, RequestId, Response, StaleFence,
-    Handled, Ignored, Lease, State, Stats, Term, WriteGate,
+    Handled, Lease, State, Stats, Term, WriteGate,
 };
 use leasehold_embassy::{EmbassyClock, LeaseShared, Report, TermEnd};
 
@@ -78,7 +78,7 @@ fn every_public_type_formats_with_defmt() {
         encoded(Event::Released),
         encoded(AcquireFailure::HeldByAnother),
         encoded(Stats::default()),
-        encoded(Handled::Ignored(Ignored::WrongKind)),
+        encoded(Handled::WrongKind),
         encoded(AlreadyActive { state: State::Idle }),
         encoded(NotActive { state: State::Idle }),
         encoded(RequestId(9)),

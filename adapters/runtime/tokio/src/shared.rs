@@ -416,7 +416,8 @@ impl Shared {
                 }
                 Event::AcquireFailed {
                     reason,
-                    retry_at: None, ..
+                    retry_at: None,
+                    ..
                 } => {
                     status.not_acquired = Some(reason);
                     None

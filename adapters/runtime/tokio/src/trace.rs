@@ -87,7 +87,8 @@ mod on {
             }
             Event::AcquireFailed {
                 reason,
-                retry_at: Some(retry_at), ..
+                retry_at: Some(retry_at),
+                ..
             } => debug!(
                 target: TARGET,
                 key, %token, %reason, retry_in = ?until(at, retry_at),
@@ -95,7 +96,8 @@ mod on {
             ),
             Event::AcquireFailed {
                 reason,
-                retry_at: None, ..
+                retry_at: None,
+                ..
             } => info!(
                 target: TARGET,
                 key, %token, %reason, waited = ?until(Instant::ZERO, at),
@@ -111,7 +113,8 @@ mod on {
                 reason,
                 retry_at,
                 deadline,
-                writes_paused, ..
+                writes_paused,
+                ..
             } => warn!(
                 target: TARGET,
                 key, %token, %reason,

@@ -250,7 +250,8 @@ fn to_wire(action: Action) -> Wire {
             id,
             term,
             fence,
-            ttl, ..
+            ttl,
+            ..
         } => Wire::Renew {
             id: id.0,
             term: term.0,
