@@ -2,7 +2,7 @@
 # Flash, RAM, stack and panic paths of leasehold in bare-metal firmware
 # (examples/firmware, release profile: opt-level "z", LTO, panic = "abort",
 # codegen-units = 1), for thumbv7em-none-eabihf (Cortex-M4F) and thumbv6m-none-eabi
-# (Cortex-M0). Prints a table; see adapters/runtime/embassy/NOTES.md for how to read it.
+# (Cortex-M0). Prints a table; see docs/decisions/firmware-size-and-panic-budget.md for how to read it.
 #
 # How each number is made:
 #   core flash      core-probe (calls every core method on opaque inputs) minus the

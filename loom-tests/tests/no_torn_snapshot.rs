@@ -15,7 +15,7 @@ use leasehold_loom_tests::{
 /// 10⁶ executions (minutes on this machine); at bound 1 ≈ 2.6·10⁴ (seconds). The reader
 /// never writes anything the driver reads, so what these models must explore is the
 /// set of values each reader load may return, which loom enumerates at any bound (see
-/// loom-tests/NOTES.md).
+/// docs/decisions/loom-models-race-one-or-two-publishes.md).
 const TWO_STEP_BOUND: usize = 1;
 
 /// Races step `step` alone.
