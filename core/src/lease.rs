@@ -1247,3 +1247,32 @@ const fn fmix32(mut y: u32) -> u32 {
     y ^= y >> 16;
     y
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// No public way brings a lease to its last term quickly (2^28 acquires), so this
+    /// one sets the term by hand.
+    #[test]
+    fn terms_wrap_after_max_term_to_one() {
+        let config = Config::builder(Duration::from_secs(3)).build().unwrap();
+        let gate = WriteGate::new();
+        let mut lease = Lease::new(config, Owner([7; 16]));
+        lease.last_id = RequestId::new(Term(MAX_TERM.0 - 1), 9).0;
+        lease.state = State::Released;
+        for (expected, sent_at) in [(MAX_TERM, 1), (Term(1), 2), (Term(2), 3)] {
+            lease.acquire(Instant::from_millis(sent_at), &gate).unwrap();
+            assert_eq!(lease.term(), expected);
+            assert_eq!(gate.snapshot().unwrap().term, expected);
+            let id = lease.poll_action().unwrap().id();
+            assert_eq!((id.term(), id.sequence()), (expected, 1));
+            lease.release(Instant::from_millis(sent_at), &gate).unwrap();
+            let release = lease.poll_action().unwrap().id();
+            let answer = ReleaseOutcome::Released.into();
+            let handled =
+                lease.handle_response(Instant::from_millis(sent_at), release, answer, &gate);
+            assert_eq!(handled, Handled::Applied);
+        }
+    }
+}

@@ -962,8 +962,7 @@ fn deliver_skipping_ignored(r: &mut Rig, answers: &[(Instant, RequestId, Respons
 
 /// A late "not owner" to a renewal of the held term is not the answer awaited, yet it
 /// ends the term: it is `EndedTerm`, not `Stale`, so a loop that skips the drain on
-/// ignored answers still sees the loss (with `Result<(), StaleResponse>` it was an `Err`, and
-/// a loop that skipped on `Err` missed it).
+/// ignored answers still sees the loss.
 #[test]
 fn rule8_a_loop_that_skips_ignored_answers_still_sees_a_late_not_owner() {
     let mut r = Rig::new();
@@ -1079,8 +1078,8 @@ fn rule8_an_answer_of_the_wrong_kind_leaves_the_request_in_flight() {
 }
 
 /// The gate's snapshot names the full term of the lease, in every state of every term.
-/// (Terms past 2^28, which the gate once cut to their low 28 bits, are tested in
-/// core/src/gate.rs: a lease cannot be brought there quickly.)
+/// (The last term, `MAX_TERM`, is tested in core/src/gate.rs, and its wrap to term 1 in
+/// `terms_wrap_after_max_term_to_one` in core/src/lease.rs.)
 #[test]
 fn rule8_the_gate_snapshot_carries_the_leases_term() {
     let mut r = Rig::new();
