@@ -10,10 +10,14 @@
 
 mod clock;
 mod drive;
+#[cfg(feature = "getrandom")]
+mod owner;
 mod service;
 pub mod tls;
 
 pub use clock::Clock;
 pub use drive::{run_term, Report, Target, TermEnd};
+#[cfg(feature = "getrandom")]
+pub use owner::random_owner;
 pub use service::{LocalLockService, LockService};
 pub use tls::TlsProblem;

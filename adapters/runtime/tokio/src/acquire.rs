@@ -256,7 +256,7 @@ pub(crate) async fn start<S: LockService + 'static>(
     leasehold::check_key(&key).map_err(AcquireError::InvalidKey)?;
     let owner = match options.owner {
         Some(owner) => owner,
-        None => random_owner().ok_or(AcquireError::NoEntropy)?,
+        None => leasehold_driver::random_owner().ok_or(AcquireError::NoEntropy)?,
     };
     // The default is read again here: a process forked after the set was made has
     // another pid.
@@ -363,13 +363,4 @@ fn read_identity(pid: u32) -> Identity {
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".to_owned());
     Identity::lossy(&format!("{host}:{pid}"))
-}
-
-/// A fresh 128-bit owner from the operating system's random generator (what an
-/// acquire uses unless [`AcquireOptions::owner`] names one), or `None` when the OS
-/// has no random source.
-pub fn random_owner() -> Option<Owner> {
-    let mut bytes = [0; 16];
-    getrandom::fill(&mut bytes).ok()?;
-    Some(Owner(bytes))
 }

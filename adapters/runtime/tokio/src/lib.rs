@@ -22,8 +22,9 @@ mod timed;
 mod trace;
 mod turns;
 
-pub use acquire::{acquire, acquire_with, random_owner, try_acquire, AcquireError, AcquireOptions};
+pub use acquire::{acquire, acquire_with, try_acquire, AcquireError, AcquireOptions};
 pub use election::{Election, Leader, LeaderInfo, ObserveError};
+pub use leasehold_driver::random_owner;
 // The core and driver types a tokio user needs, so that `leasehold-tokio` (plus a
 // service crate) is the only dependency to add.
 pub use handle::{CheckError, LeaseHandle};

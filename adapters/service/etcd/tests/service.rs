@@ -54,7 +54,7 @@ async fn acquire_renew_release_and_fences_increase() {
     let cluster = EtcdCluster::single();
     let service = service(&cluster).await;
     let mut outside = client(&cluster).await;
-    let owner = leasehold_etcd::random_owner();
+    let owner = leasehold_etcd::random_owner().expect("an OS random source");
     let me = identity("host-7:4711");
 
     let mut fences = Vec::new();

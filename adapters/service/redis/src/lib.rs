@@ -38,19 +38,6 @@ pub mod lua {
     };
 }
 
-/// A random 128-bit owner identity from the operating system's RNG.
-///
-/// Use one per client (process, or per lease if leases in one process must exclude
-/// each other). The value stored in Redis is its [`OwnerToken`](leasehold::OwnerToken)
-/// for the current term.
-///
-/// # Panics
-///
-/// If the operating system has no random source at all (`getrandom` failed), which
-/// leaves no safe way to pick a unique identity.
-pub fn random_owner() -> leasehold::Owner {
-    let mut bytes = [0u8; 16];
-    #[allow(clippy::expect_used)]
-    getrandom::fill(&mut bytes).expect("the OS random source failed: cannot pick an owner id");
-    leasehold::Owner(bytes)
-}
+/// A fresh 128-bit owner from the operating system's random source (`None` when
+/// it has none): the one generator of every leasehold crate.
+pub use leasehold_driver::random_owner;

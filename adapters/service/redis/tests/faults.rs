@@ -531,7 +531,9 @@ fn network_stall() {
                 s.holder.is_none()
             })
             .await;
-        let b_token = leasehold_redis::random_owner().token(leasehold::Term(1));
+        let b_token = leasehold_redis::random_owner()
+            .expect("an OS random source")
+            .token(leasehold::Term(1));
         let Acquired::Granted { fence: fence_b, .. } = direct
             .try_acquire("stall", b_token, &leasehold::Identity::EMPTY, ms(1_000))
             .await
@@ -592,7 +594,9 @@ fn key_deleted_or_overwritten() {
         assert!(try_write(&a, &storage).unwrap().is_ok());
         let _: () = raw.del("{del}").await.unwrap();
         let deleted = mono_now();
-        let b_token = leasehold_redis::random_owner().token(leasehold::Term(1));
+        let b_token = leasehold_redis::random_owner()
+            .expect("an OS random source")
+            .token(leasehold::Term(1));
         let Acquired::Granted { fence: fence_b, .. } = service
             .try_acquire("del", b_token, &leasehold::Identity::EMPTY, ms(1_000))
             .await
@@ -755,7 +759,9 @@ fn failover_lost_write() {
         let service = service(&proxy_url(&proxy)).await;
         let storage = Storage::default();
         // History that did replicate: one grant, released.
-        let first = leasehold_redis::random_owner().token(leasehold::Term(1));
+        let first = leasehold_redis::random_owner()
+            .expect("an OS random source")
+            .token(leasehold::Term(1));
         let Acquired::Granted {
             fence: replicated, ..
         } = service
@@ -785,7 +791,9 @@ fn failover_lost_write() {
         // free key until a quarantine (the longest TTL, 1 s here) has passed: no second
         // holder while A still passes its check.
         let direct = service_at(&replica).await;
-        let b_token = leasehold_redis::random_owner().token(leasehold::Term(1));
+        let b_token = leasehold_redis::random_owner()
+            .expect("an OS random source")
+            .token(leasehold::Term(1));
         let asked = mono_now();
         let Acquired::Quarantined { remaining } = direct
             .try_acquire("lw", b_token, &leasehold::Identity::EMPTY, ms(1_000))
@@ -929,7 +937,9 @@ fn failover_with_min_replicas() {
         proxy.retarget(next.port());
         proxy.cut();
         let direct = service_at(&next).await;
-        let b_token = leasehold_redis::random_owner().token(leasehold::Term(1));
+        let b_token = leasehold_redis::random_owner()
+            .expect("an OS random source")
+            .token(leasehold::Term(1));
         match direct
             .try_acquire("fo", b_token, &leasehold::Identity::EMPTY, ms(1_000))
             .await
@@ -984,7 +994,9 @@ fn min_replicas_above_the_replicas() {
             .connect_lazily()
             .await
             .unwrap();
-        let token = leasehold_redis::random_owner().token(leasehold::Term(1));
+        let token = leasehold_redis::random_owner()
+            .expect("an OS random source")
+            .token(leasehold::Term(1));
         let started = mono_now();
         let err = lazy
             .try_acquire("few", token, &leasehold::Identity::EMPTY, ms(1_000))
@@ -1101,7 +1113,9 @@ fn garbage_in_redis() {
         let err = service
             .try_acquire(
                 "text",
-                leasehold_redis::random_owner().token(leasehold::Term(1)),
+                leasehold_redis::random_owner()
+                    .expect("an OS random source")
+                    .token(leasehold::Term(1)),
                 &leasehold::Identity::EMPTY,
                 ms(1_000),
             )
@@ -1158,7 +1172,9 @@ fn garbage_replies() {
     run_local(async {
         let proxy = Proxy::start(server.port()).await;
         let service = service(&proxy_url(&proxy)).await;
-        let t = leasehold_redis::random_owner().token(leasehold::Term(1));
+        let t = leasehold_redis::random_owner()
+            .expect("an OS random source")
+            .token(leasehold::Term(1));
         let is_unknown = |e: &RedisLockError| {
             matches!(
                 e,

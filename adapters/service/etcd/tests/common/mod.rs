@@ -74,7 +74,9 @@ pub async fn service_on(endpoints: Vec<String>) -> EtcdLockService {
 
 /// A fresh random owner's token for term 1.
 pub fn token() -> OwnerToken {
-    leasehold_etcd::random_owner().token(Term(1))
+    leasehold_etcd::random_owner()
+        .expect("an OS random source")
+        .token(Term(1))
 }
 
 /// An identity for a test holder.

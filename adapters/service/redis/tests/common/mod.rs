@@ -92,7 +92,12 @@ pub fn spawn_term<C>(service: RedisLockService<C>, key: &str, config: Config) ->
 where
     C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
-    spawn_term_as(service, key, config, leasehold_redis::random_owner())
+    spawn_term_as(
+        service,
+        key,
+        config,
+        leasehold_redis::random_owner().expect("an OS random source"),
+    )
 }
 
 pub fn spawn_term_as<C>(
