@@ -2,7 +2,7 @@
 //!
 //! On a real device the link is a radio or a UART to a gateway that runs the lock
 //! service; here it is a pair of embassy `Channel`s and the gateway is another task
-//! around the lock table of [`crate::gateway`] (hard TTL, identities, fences, any
+//! around the lock table of [`leasehold_gateway`] (hard TTL, identities, fences, any
 //! number of keys up to its size). Frames carry the key. Requests carry a sequence
 //! number; an answer to a request the lease gave up on (dropped after its timeout) is
 //! discarded by the next request, so a dropped request leaves nothing behind (the
@@ -15,7 +15,7 @@ use embassy_sync::channel::Channel;
 use embassy_time::{Instant, Timer};
 use leasehold::OwnerToken;
 
-use crate::gateway::{Answer, Gateway, KeyBytes, Op, MAX_TTL};
+use leasehold_gateway::{Answer, Gateway, KeyBytes, Op, MAX_TTL};
 
 /// One-way latency of the simulated link.
 const LINK_MS: u64 = 5;

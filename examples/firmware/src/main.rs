@@ -30,7 +30,6 @@
 // other than the acquire's.
 #[cfg(not(feature = "redis"))]
 #[cfg_attr(not(feature = "lease"), allow(dead_code))]
-mod gateway;
 #[cfg(not(feature = "redis"))]
 mod link;
 #[cfg(feature = "redis")]
@@ -261,7 +260,7 @@ mod lease {
     use embassy_time::Timer;
     use leasehold::{AcquireOutcome, Fence, Term};
 
-    use crate::gateway::Op;
+    use leasehold_gateway::Op;
     use crate::report::{bump, COUNTERS};
     use crate::{identity, spawn, KEY, LINK, OWNER, TTL};
 

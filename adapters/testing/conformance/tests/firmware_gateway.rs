@@ -1,6 +1,5 @@
-//! The firmware's gateway keeps the contract: its lock table
-//! (`examples/firmware/src/gateway.rs`, built here from that one file, no copy) runs
-//! every clause, on tokio's paused clock.
+//! The firmware's gateway keeps the contract: its lock table (`leasehold-gateway`, the
+//! crate the firmware links) runs every clause, on tokio's paused clock.
 //!
 //! The firmware cannot host tests (its own workspace, bare-metal only), and the table
 //! is pure: it reads no clock and is handed the instant at which it handles each
@@ -21,12 +20,9 @@
 //! before the table handles it or after (its answer lost), both of which the table
 //! must survive.
 
-#[path = "../../../../examples/firmware/src/gateway.rs"]
-mod gateway;
-
 use std::cell::RefCell;
 
-use gateway::{Answer, Gateway, KeyBytes, Op, MAX_TTL};
+use leasehold_gateway::{Answer, Gateway, KeyBytes, Op, MAX_TTL};
 use leasehold::{
     AcquireOutcome, Duration, Fence, HolderOutcome, Identity, Indeterminate, Instant, Owner,
     OwnerToken, Refusal, ReleaseOutcome, RenewOutcome, Term,

@@ -1,12 +1,12 @@
-//! The gateway's lock table: the lock service at the far end of the link, as a pure
-//! state machine.
+//! The gateway's lock table: the lock service at the far end of the example
+//! firmware's link, as a pure state machine.
 //!
 //! No clock, no I/O, no allocation, no panics: [`Gateway::handle`] is given the
-//! instant at which it handles a request and answers it. The gateway task (in
-//! `link.rs`) feeds it frames and the embassy clock on the device; the conformance
-//! suite feeds it the same calls on tokio's clock on the host
-//! (`adapters/testing/conformance/tests/firmware_gateway.rs` builds this very file),
-//! so the table the firmware runs is the table that keeps the `LocalLockService`
+//! instant at which it handles a request and answers it. The firmware's gateway task
+//! (`examples/firmware/src/link.rs`) feeds it frames and the embassy clock on the
+//! device; the conformance suite (`adapters/testing/conformance/tests/firmware_gateway.rs`)
+//! feeds it the same calls on tokio's clock on the host, so the table the firmware
+//! runs is the table that keeps the `LocalLockService`
 //! contract (the trait doc in `leasehold-driver`; why each clause matters is in
 //! `leasehold::rules`, "The service contract").
 //!
@@ -18,6 +18,9 @@
 //!   counter lives in RAM: a gateway that restarts must start it above every fence it
 //!   ever granted (a stored high-water mark, or a real-time clock), which this
 //!   simulated gateway, never restarted, does not need.
+
+#![no_std]
+#![forbid(unsafe_code)]
 
 use leasehold::{
     check_key, AcquireOutcome, Duration, Fence, Holder, HolderOutcome, Identity, Indeterminate,
