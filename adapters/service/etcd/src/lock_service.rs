@@ -74,7 +74,7 @@ impl LockService for EtcdLockService {
         _ttl: Duration,
     ) -> RenewOutcome {
         match self.try_renew(key, token, fence).await {
-            Ok(Renewed::Extended { ttl }) => {
+            Ok(Renewed::Renewed { ttl }) => {
                 tracing::trace!(key, %token, ttl_ms = ttl.as_millis(), "renewed");
                 RenewOutcome::Renewed { ttl }
             }
@@ -94,7 +94,7 @@ impl LockService for EtcdLockService {
 
     async fn release(&self, key: &str, token: OwnerToken) -> ReleaseOutcome {
         match self.try_release(key, token).await {
-            Ok(Released::Deleted) => {
+            Ok(Released::Released) => {
                 tracing::debug!(key, %token, "released");
                 ReleaseOutcome::Released
             }

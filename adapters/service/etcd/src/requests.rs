@@ -351,7 +351,7 @@ impl EtcdLockService {
         // Its lease was last kept alive before this request was sent: keep it alive
         // now, so the TTL answered counts from after the send.
         match self.extend(key, token, held).await? {
-            Renewed::Extended { ttl } => Ok(Acquired::Granted {
+            Renewed::Renewed { ttl } => Ok(Acquired::Granted {
                 fence: Fence(held.fence),
                 ttl,
                 lease: held.lease,
@@ -549,13 +549,13 @@ impl EtcdLockService {
             return Ok(Renewed::NotOwner(NotHeld::LeaseGone));
         };
         let read = match self.read_after_keep_alive(key, held).await? {
-            Read::Unchanged => return Ok(Renewed::Extended { ttl }),
+            Read::Unchanged => return Ok(Renewed::Renewed { ttl }),
             Read::Key(kv) => kv,
         };
         let why = match read.as_ref().map(found) {
             None => NotHeld::KeyGone,
             Some(Found::Grant(stored, now)) if stored.is(&token.encode()) && now == held => {
-                return Ok(Renewed::Extended { ttl });
+                return Ok(Renewed::Renewed { ttl });
             }
             Some(Found::Grant(stored, now))
                 if stored.is(&token.encode()) && now.revision > held.revision =>
@@ -659,7 +659,7 @@ impl EtcdLockService {
                 tracing::debug!(key, lease, error = %err, "release: revoking the lease failed; it expires by itself");
             }
         }
-        Ok(Released::Deleted)
+        Ok(Released::Released)
     }
 
     /// Deletes `key` if it is a grant to `token`: `Some(lease of the deleted key)`, or

@@ -133,7 +133,7 @@ pub enum NotHeld {
 pub enum Renewed {
     /// The lease was kept alive; afterwards the key still held this token, on the same
     /// lease, since the grant.
-    Extended {
+    Renewed {
         /// The TTL the keep-alive applied: the lease's granted TTL (etcd renews a
         /// lease to the TTL it was granted with).
         ttl: Duration,
@@ -147,7 +147,7 @@ pub enum Renewed {
 #[non_exhaustive]
 pub enum Released {
     /// The key held this token and was deleted; its lease was revoked (best effort).
-    Deleted,
+    Released,
     /// The key did not hold this token: nothing was deleted.
     NotOwner,
 }

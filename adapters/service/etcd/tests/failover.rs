@@ -60,7 +60,7 @@ async fn typed_renewals_through(
     let renewed = within(6_000, async {
         loop {
             match service.try_renew(key, owner, fence).await {
-                Ok(Renewed::Extended { .. }) => return,
+                Ok(Renewed::Renewed { .. }) => return,
                 Ok(other) => panic!("the typed grant was lost: {other:?}"),
                 Err(err) => {
                     assert_eq!(err.refusal(), None, "a final refusal in a fault: {err}");
@@ -171,7 +171,7 @@ async fn holder_keeps_its_lease_through(fault: Fault) {
     assert_no_loss(&mut events);
     let renewed = within(2_000, service.try_renew("typed", typed.0, typed.1)).await;
     assert!(
-        matches!(renewed, Ok(Renewed::Extended { .. })),
+        matches!(renewed, Ok(Renewed::Renewed { .. })),
         "the service works on after the fault: {renewed:?}"
     );
     assert_eq!(within(2_000, lease.release()).await, LeaseEnd::Released);
@@ -265,7 +265,7 @@ async fn without_quorum_no_leader_is_transient_and_the_client_recovers() {
             match service.try_renew("typed", owner, fence).await {
                 Err(err) if error_chain(&err).contains("etcdserver: no leader") => return err,
                 Err(err) => assert_eq!(err.refusal(), None, "{err}"),
-                Ok(renewed) => assert!(matches!(renewed, Renewed::Extended { .. })),
+                Ok(renewed) => assert!(matches!(renewed, Renewed::Renewed { .. })),
             }
             // Paces the renewals (answered at once): this waits for nothing.
             tokio::time::sleep(std_ms(20)).await;
@@ -385,7 +385,7 @@ async fn latencies(service: &EtcdLockService, label: &str, n: usize) -> [Vec<f64
         let started = Instant::now();
         let renewed = within(2_000, service.try_renew(&key, owner, fence)).await;
         assert!(
-            matches!(renewed, Ok(Renewed::Extended { .. })),
+            matches!(renewed, Ok(Renewed::Renewed { .. })),
             "{label}: renewal {i}: {renewed:?}"
         );
         renewals.push(started.elapsed().as_secs_f64() * 1e3);

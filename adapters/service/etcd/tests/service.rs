@@ -250,7 +250,7 @@ async fn held_by_another_carries_the_holder_and_grants_no_lease() {
     );
     assert!(matches!(
         service.try_renew("k", a, fence).await,
-        Ok(Renewed::Extended { .. })
+        Ok(Renewed::Renewed { .. })
     ));
     assert_eq!(service.lease_id("k", a), Some(lease));
 }
@@ -390,7 +390,7 @@ async fn holder_reports_identity_fence_and_remaining_or_free() {
 
     assert_eq!(
         service.try_release("k", a).await.unwrap(),
-        Released::Deleted
+        Released::Released
     );
     assert_eq!(
         LockService::holder(&service, "k").await,
@@ -431,9 +431,9 @@ async fn a_lost_acquire_answer_is_granted_again_with_the_same_fence() {
     // Renew and release work from either instance.
     assert!(matches!(
         second.try_renew("k", a, fence).await,
-        Ok(Renewed::Extended { .. })
+        Ok(Renewed::Renewed { .. })
     ));
-    assert_eq!(second.try_release("k", a).await.unwrap(), Released::Deleted);
+    assert_eq!(second.try_release("k", a).await.unwrap(), Released::Released);
     assert_eq!(
         first.try_renew("k", a, fence).await.unwrap(),
         Renewed::NotOwner(NotHeld::LeaseGone)
@@ -506,7 +506,7 @@ async fn renew_with_the_right_token_and_an_older_fence_is_not_owner() {
     );
     assert!(matches!(
         service.try_renew("k", a, newer).await,
-        Ok(Renewed::Extended { .. })
+        Ok(Renewed::Renewed { .. })
     ));
 
     // The other way round: an instance that remembers the *older* grant is asked to
@@ -517,7 +517,7 @@ async fn renew_with_the_right_token_and_an_older_fence_is_not_owner() {
     assert!(newer > older);
     assert!(matches!(
         service.try_renew("k2", a, newer).await,
-        Ok(Renewed::Extended { .. })
+        Ok(Renewed::Renewed { .. })
     ));
     assert_eq!(
         service.try_renew("k2", a, older).await.unwrap(),
@@ -1195,7 +1195,7 @@ async fn renewals_share_one_keep_alive_stream_per_lease() {
     for _ in 0..5 {
         assert_eq!(
             service.try_renew("k", a, fence).await.unwrap(),
-            Renewed::Extended { ttl }
+            Renewed::Renewed { ttl }
         );
     }
     assert_eq!(
@@ -1209,19 +1209,19 @@ async fn renewals_share_one_keep_alive_stream_per_lease() {
     let (b_fence, _, _) = granted(&service, "k2", b, ms(2_000)).await;
     assert!(matches!(
         service.try_renew("k2", b, b_fence).await.unwrap(),
-        Renewed::Extended { .. }
+        Renewed::Renewed { .. }
     ));
     assert_eq!(service.keep_alive_streams(), 2);
     assert_eq!(keep_alive_counts(&cluster).0, started + 2);
 
     assert_eq!(
         service.try_release("k", a).await.unwrap(),
-        Released::Deleted
+        Released::Released
     );
     assert_eq!(service.keep_alive_streams(), 1);
     assert_eq!(
         service.try_release("k2", b).await.unwrap(),
-        Released::Deleted
+        Released::Released
     );
     assert_eq!(service.keep_alive_streams(), 0);
 }
@@ -1242,7 +1242,7 @@ async fn a_timed_out_renewal_never_leaves_its_stream_to_the_next() {
     let (started, _) = keep_alive_counts(&cluster);
     assert_eq!(
         service.try_renew("k", a, fence).await.unwrap(),
-        Renewed::Extended { ttl }
+        Renewed::Renewed { ttl }
     );
     assert_eq!(keep_alive_counts(&cluster).0, started + 1);
 
@@ -1252,7 +1252,7 @@ async fn a_timed_out_renewal_never_leaves_its_stream_to_the_next() {
     proxy.resume();
     assert_eq!(
         service.try_renew("k", a, fence).await.unwrap(),
-        Renewed::Extended { ttl }
+        Renewed::Renewed { ttl }
     );
     assert_eq!(
         keep_alive_counts(&cluster).0,
@@ -1263,7 +1263,7 @@ async fn a_timed_out_renewal_never_leaves_its_stream_to_the_next() {
     proxy.cut();
     assert_eq!(
         service.try_renew("k", a, fence).await.unwrap(),
-        Renewed::Extended { ttl }
+        Renewed::Renewed { ttl }
     );
     assert_eq!(keep_alive_counts(&cluster).0, started + 3);
 }
@@ -1315,7 +1315,7 @@ async fn concurrent_renewals_share_their_ownership_reads() {
         } else {
             assert_eq!(
                 answer,
-                Renewed::Extended { ttl: grants[i].2 },
+                Renewed::Renewed { ttl: grants[i].2 },
                 "{}",
                 grants[i].0
             );

@@ -67,7 +67,7 @@ impl LockService for PostgresLockService {
         ttl: Duration,
     ) -> RenewOutcome {
         match self.try_renew(key, token, fence, ttl).await {
-            Ok(Renewed::Extended { ttl }) => {
+            Ok(Renewed::Renewed { ttl }) => {
                 tracing::trace!(key, %token, ttl_ms = ttl.as_millis(), "renewed");
                 RenewOutcome::Renewed { ttl }
             }
@@ -87,7 +87,7 @@ impl LockService for PostgresLockService {
 
     async fn release(&self, key: &str, token: OwnerToken) -> ReleaseOutcome {
         match self.try_release(key, token).await {
-            Ok(Released::Freed) => {
+            Ok(Released::Released) => {
                 tracing::debug!(key, %token, "released");
                 ReleaseOutcome::Released
             }

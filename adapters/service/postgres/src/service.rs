@@ -95,7 +95,7 @@ pub enum Acquired {
 #[non_exhaustive]
 pub enum Renewed {
     /// The expiry is now the handling time + `ttl`.
-    Extended {
+    Renewed {
         /// The TTL applied: the one asked.
         ttl: Duration,
     },
@@ -108,7 +108,7 @@ pub enum Renewed {
 #[non_exhaustive]
 pub enum Released {
     /// The key held this token and is free now (its row and fence stay).
-    Freed,
+    Released,
     /// The key did not hold this token (unexpired): nothing changed.
     NotOwner,
 }
@@ -583,7 +583,7 @@ impl PostgresLockService {
         Ok(if rows.is_empty() {
             Renewed::NotOwner
         } else {
-            Renewed::Extended { ttl }
+            Renewed::Renewed { ttl }
         })
     }
 
@@ -607,7 +607,7 @@ impl PostgresLockService {
         Ok(if rows.is_empty() {
             Released::NotOwner
         } else {
-            Released::Freed
+            Released::Released
         })
     }
 

@@ -126,7 +126,7 @@ fn a_stalled_connection_is_indeterminate_within_the_request_timeout() {
     });
 }
 
-/// Renews `k` for token 1 with `fence` until it is `Extended`, for at most `limit`
+/// Renews `k` for token 1 with `fence` until it is `Renewed`, for at most `limit`
 /// (each attempt bounded by the service's request timeout); the attempts it took.
 async fn renewed_within(
     service: &PostgresLockService,
@@ -138,7 +138,7 @@ async fn renewed_within(
     loop {
         attempts += 1;
         match service.try_renew("k", token(1), fence, ms(5_000)).await {
-            Ok(Renewed::Extended { .. }) => return attempts,
+            Ok(Renewed::Renewed { .. }) => return attempts,
             other => assert!(
                 started.elapsed() < limit,
                 "not renewed within {limit:?}: {other:?}"

@@ -268,7 +268,7 @@ fn renewals_go_on_during_a_lease_checked_transaction_and_a_release_refuses_its_c
                 .try_renew("orders", token(1), fence, ms(2_000))
                 .await
                 .unwrap(),
-            leasehold_postgres::Renewed::Extended { ttl: ms(2_000) }
+            leasehold_postgres::Renewed::Renewed { ttl: ms(2_000) }
         );
         assert!(asked.elapsed() < std_ms(500), "the renewal did not wait");
         tx.execute("INSERT INTO orders VALUES (1, 'renewed')", &[])

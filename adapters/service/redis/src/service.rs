@@ -118,6 +118,7 @@ impl<C> std::fmt::Debug for RedisLockService<C> {
 
 /// The answer to [`RedisLockService::try_acquire`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Acquired {
     /// The key is ours.
     Granted {
@@ -143,8 +144,9 @@ pub enum Acquired {
 
 /// The answer to [`RedisLockService::try_renew`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Renewed {
-    /// Extended.
+    /// The key's expiry is now the handling time + `ttl`.
     Renewed {
         /// The TTL applied: the `PEXPIRE` argument, whole milliseconds, never less
         /// than asked.
@@ -157,8 +159,9 @@ pub enum Renewed {
 
 /// The answer to [`RedisLockService::try_release`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Released {
-    /// Deleted.
+    /// The key held this token and was deleted.
     Released,
     /// The token did not hold the key: nothing deleted.
     NotOwner,
