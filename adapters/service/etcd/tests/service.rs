@@ -433,7 +433,10 @@ async fn a_lost_acquire_answer_is_granted_again_with_the_same_fence() {
         second.try_renew("k", a, fence).await,
         Ok(Renewed::Renewed { .. })
     ));
-    assert_eq!(second.try_release("k", a).await.unwrap(), Released::Released);
+    assert_eq!(
+        second.try_release("k", a).await.unwrap(),
+        Released::Released
+    );
     assert_eq!(
         first.try_renew("k", a, fence).await.unwrap(),
         Renewed::NotOwner(NotHeld::LeaseGone)

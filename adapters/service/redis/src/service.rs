@@ -362,8 +362,8 @@ where
         let op = Op::Acquire;
         let name = checked(op, name)?;
         self.within_max_ttl(op, ttl)?;
-        let (ms, applied) = ttl_ms(ttl);
-        let quarantine = ttl_ms(self.max_ttl).0;
+        let (ms, applied) = leasehold_resp::scripts::ttl_ms(ttl);
+        let quarantine = leasehold_resp::scripts::ttl_ms(self.max_ttl).0;
         let encoded = token.encode();
         let epoch = self.epoch_key(name);
         let (value, replicas) = self
@@ -488,7 +488,7 @@ where
         let op = Op::Renew;
         let name = checked(op, name)?;
         self.within_max_ttl(op, ttl)?;
-        let (ms, applied) = ttl_ms(ttl);
+        let (ms, applied) = leasehold_resp::scripts::ttl_ms(ttl);
         let prefix = ValuePrefix {
             token,
             fence: Some(fence),
@@ -834,27 +834,4 @@ fn fenced_keys_of(op: Op, name: &str) -> Result<FencedKeys, RedisLockError> {
         key: name.to_owned(),
         error,
     })
-}
-
-/// A TTL as `PX`/`PEXPIRE` take it: whole milliseconds, rounded up (a renewal never
-/// applies less than asked), at least 1 (Redis refuses 0). Also the TTL applied.
-fn ttl_ms(ttl: Duration) -> (u64, Duration) {
-    let ms = ttl.as_micros().div_ceil(1_000).max(1);
-    (ms, Duration::from_millis(ms))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ttls_round_up_to_whole_milliseconds_and_never_below_one() {
-        assert_eq!(ttl_ms(Duration::from_millis(300)).0, 300);
-        assert_eq!(
-            ttl_ms(Duration::from_micros(300_001)).1,
-            Duration::from_millis(301)
-        );
-        assert_eq!(ttl_ms(Duration::ZERO).1, Duration::from_millis(1));
-        assert_eq!(ttl_ms(Duration::MAX).0, u64::MAX / 1_000 + 1);
-    }
 }

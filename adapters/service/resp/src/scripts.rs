@@ -23,6 +23,10 @@
 //! text sits in a microcontroller's flash, kept there to load them again after
 //! `NOSCRIPT`.
 
+use core::num::NonZeroU16;
+
+use leasehold::Duration;
+
 /// The Lua pattern of a lock value: captures token, fence and identity. A macro, so
 /// that the one pattern is spliced into each script's source at compile time.
 macro_rules! lock_value_pattern {
@@ -245,9 +249,34 @@ pub const RAISE_FENCE_SHA: &str = "0b0aa065ef72ede5bc6c2c7c39824e8078d61a8c";
 /// SHA1 of [`FENCED_WRITE`].
 pub const FENCED_WRITE_SHA: &str = "158c43cccf4137d8a4d36be8541122d3d5b313b7";
 
+/// A TTL as `PX`/`PEXPIRE` take it: whole milliseconds, rounded up (a renewal never
+/// applies less than asked), at least 1 (Redis refuses 0); also the TTL applied. The
+/// one place of this rule for `leasehold-resp` and `leasehold-redis`.
+pub fn ttl_ms(ttl: Duration) -> (u64, Duration) {
+    const THOUSAND: NonZeroU16 = match NonZeroU16::new(1_000) {
+        Some(thousand) => thousand,
+        None => NonZeroU16::MIN,
+    };
+    let (ms, micros) = leasehold::div_rem_u16(ttl.as_micros(), THOUSAND);
+    // `ms <= u64::MAX / 1_000`: adding one cannot overflow.
+    let ms = ms.wrapping_add(u64::from(micros != 0)).max(1);
+    (ms, Duration::from_millis(ms))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ttls_round_up_to_whole_milliseconds_and_never_below_one() {
+        assert_eq!(ttl_ms(Duration::from_millis(300)).0, 300);
+        assert_eq!(
+            ttl_ms(Duration::from_micros(300_001)).1,
+            Duration::from_millis(301)
+        );
+        assert_eq!(ttl_ms(Duration::ZERO).1, Duration::from_millis(1));
+        assert_eq!(ttl_ms(Duration::MAX).0, u64::MAX / 1_000 + 1);
+    }
     use std::string::ToString;
     use std::vec::Vec;
     use std::{assert, format};

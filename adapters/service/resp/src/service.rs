@@ -2,7 +2,6 @@
 //! deadline from the driver's clock.
 
 use core::cell::{Cell, RefCell};
-use core::num::NonZeroU16;
 
 use embedded_io_async::{Error as _, Read, Write};
 use leasehold::{Duration, EncodedToken, Fence, Holder, Identity, OwnerToken};
@@ -226,18 +225,6 @@ impl<'r> Request<'r> {
     }
 }
 
-/// A TTL as `PX`/`PEXPIRE` take it: whole milliseconds, rounded up (a renewal never
-/// applies less than asked), at least 1 (Redis refuses 0); also the TTL applied.
-fn ttl_ms(ttl: Duration) -> (u64, Duration) {
-    const THOUSAND: NonZeroU16 = match NonZeroU16::new(1_000) {
-        Some(thousand) => thousand,
-        None => unreachable!(),
-    };
-    let (ms, micros) = leasehold::div_rem_u16(ttl.as_micros(), THOUSAND);
-    let ms = (ms + u64::from(micros != 0)).max(1);
-    (ms, Duration::from_millis(ms))
-}
-
 impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'a, F, K, R, W> {
     /// A service that connects with `connect` when it first needs to, with no
     /// `AUTH` and the [`DEFAULT_REQUEST_TIMEOUT`].
@@ -369,14 +356,14 @@ impl<'a, F: Connect, K: Clock, const R: usize, const W: usize> RespLockService<'
         if op.ttl() > self.max_ttl {
             return Err(Error::TtlAboveMax);
         }
-        let (ms, applied) = ttl_ms(op.ttl());
+        let (ms, applied) = scripts::ttl_ms(op.ttl());
         let request = match op {
             Op::Acquire { identity, .. } => Request::Acquire {
                 key,
                 token,
                 ms,
                 identity: identity.as_bytes(),
-                quarantine: ttl_ms(self.max_ttl).0,
+                quarantine: scripts::ttl_ms(self.max_ttl).0,
                 script,
             },
             Op::Renew { fence, .. } => Request::Renew {
@@ -647,17 +634,6 @@ fn parsed(buf: &[u8]) -> Result<Reply<'_>, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ttls_round_up_to_whole_milliseconds_and_never_below_one() {
-        assert_eq!(ttl_ms(Duration::from_millis(300)).0, 300);
-        assert_eq!(
-            ttl_ms(Duration::from_micros(300_001)).1,
-            Duration::from_millis(301)
-        );
-        assert_eq!(ttl_ms(Duration::ZERO).1, Duration::from_millis(1));
-        assert_eq!(ttl_ms(Duration::MAX).0, u64::MAX / 1_000 + 1);
-    }
 
     /// The bytes of `request` as sent.
     fn wire(request: Request<'_>) -> std::string::String {

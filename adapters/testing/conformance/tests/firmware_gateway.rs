@@ -22,7 +22,6 @@
 
 use std::cell::RefCell;
 
-use leasehold_gateway::{Answer, Gateway, KeyBytes, Op, MAX_TTL};
 use leasehold::{
     AcquireOutcome, Duration, Fence, HolderOutcome, Identity, Indeterminate, Instant, Owner,
     OwnerToken, Refusal, ReleaseOutcome, RenewOutcome, Term,
@@ -30,6 +29,7 @@ use leasehold::{
 use leasehold_conformance::breach::the_timing_clauses_catch_early_expiry;
 use leasehold_conformance::{check_all, run_all, Capabilities, CLAUSES};
 use leasehold_driver::LocalLockService;
+use leasehold_gateway::{Answer, Gateway, KeyBytes, Op, MAX_TTL};
 
 /// Keys held at once in the host runs: one run of the suite holds fewer than 32 at its
 /// peak (clauses that wait out no TTL leave theirs to expire), two runs at once fewer
