@@ -50,6 +50,15 @@ pub enum Error {
     #[cfg(feature = "sqlite")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     Sqlite(rusqlite::Error),
+    /// The blocking task that ran the statement did not finish: it panicked, or the
+    /// runtime shut down before it started. A write may or may not have run; writing
+    /// again with the same fence is safe.
+    #[cfg(feature = "sqlite-tokio")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite-tokio")))]
+    TaskFailed {
+        /// The key (for `create`, the table's name).
+        key: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -85,6 +94,12 @@ impl fmt::Display for Error {
             },
             #[cfg(feature = "sqlite")]
             Error::Sqlite(e) => write!(f, "fenced write: SQLite failed: {e}"),
+            #[cfg(feature = "sqlite-tokio")]
+            Error::TaskFailed { key } => write!(
+                f,
+                "fenced table, key `{key}`: the blocking task ended before its statement \
+                 finished (a panic, or the runtime shutting down)"
+            ),
         }
     }
 }

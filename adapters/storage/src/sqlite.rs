@@ -31,6 +31,12 @@
 use leasehold::Fence;
 use rusqlite::{Connection, OptionalExtension};
 
+#[cfg(feature = "sqlite-tokio")]
+mod blocking;
+#[cfg(feature = "sqlite-tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite-tokio")))]
+pub use blocking::AsyncFencedTable;
+
 use crate::error::stored_fence;
 use crate::table::to_sql;
 use crate::{Fenced, FencedWrite, InvalidTableName, TableName};

@@ -172,3 +172,51 @@ fn concurrent_stale_and_fresh_writers_never_admit_an_older_fence_after_a_newer_o
         "the value travels with its fence: {value} under {last}"
     );
 }
+
+/// The async table runs each statement on the blocking pool: while SQLite makes a write
+/// wait for another connection's lock, the runtime's one thread keeps running other
+/// tasks, and the write lands once the lock is gone, decided by its fence.
+#[cfg(feature = "sqlite-tokio")]
+#[tokio::test(flavor = "current_thread")]
+async fn an_async_write_waiting_for_sqlites_lock_never_blocks_the_runtime() {
+    use leasehold_storage::sqlite::AsyncFencedTable;
+
+    let dir = scratch_dir("sqlite-async");
+    let path = dir.path().join("db.sqlite");
+    let table = AsyncFencedTable::new(FencedTable::new("fenced").unwrap(), open(&path));
+    table.create().await.unwrap();
+    assert_eq!(
+        table
+            .write("orders", Fence(3), b"a".to_vec())
+            .await
+            .unwrap(),
+        FencedWrite::Written
+    );
+
+    // Another connection takes the write lock and holds it.
+    let other = open(&path);
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let waiting = tokio::spawn({
+        let table = table.clone();
+        async move { table.write("orders", Fence(5), b"b".to_vec()).await }
+    });
+    // A task on the same (only) thread runs meanwhile: a write that blocked the
+    // thread would keep it from ever running.
+    let ran = tokio::spawn(async { "other work" }).await.unwrap();
+    assert_eq!(ran, "other work");
+    assert!(!waiting.is_finished(), "the write waits for SQLite's lock");
+
+    other.execute_batch("COMMIT").unwrap();
+    assert_eq!(waiting.await.unwrap().unwrap(), FencedWrite::Written);
+    assert_eq!(
+        table
+            .write("orders", Fence(4), b"late".to_vec())
+            .await
+            .unwrap(),
+        FencedWrite::Stale {
+            presented: Fence(4),
+            newest: Fence(5)
+        }
+    );
+    assert_eq!(table.read("orders").await.unwrap().unwrap().value, b"b");
+}
