@@ -310,6 +310,11 @@ impl core::error::Error for IdentityError {}
 
 /// Who holds a key, as the service saw it when it answered.
 ///
+/// The fence names the grant: a service never gives two grants of a key the same
+/// fence, so an observer matches a holder to a lease by comparing fences (the fence a
+/// lease handle or an `Event::Acquired` reports). The owner token stays at the service:
+/// it is what lets the holder renew and release, and an observer has no use for it.
+///
 /// A lock service in *quarantine* answers acquires with [`Holder::quarantine`]: no
 /// client holds the key, but the service may have forgotten grants that are still
 /// alive (it lost its data, was restored from a backup, or a replica that missed the
