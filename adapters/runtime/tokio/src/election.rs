@@ -7,16 +7,24 @@
 //! check with: it cannot believe it leads.
 
 use std::fmt;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use futures_util::Stream;
-use leasehold::{Config, Fence, HolderOutcome, Identity, KeyError, Refusal};
+use leasehold::{Config, Fence, GateError, HolderOutcome, Identity, KeyError, Refusal};
 use leasehold_driver::LockService;
 use tokio_util::sync::CancellationToken;
 
 use crate::{acquire_with, AcquireError, AcquireOptions, CheckError, LeaseEnd, LeaseHandle};
 
 /// An election on one key among candidates that share a service.
+///
+/// [`campaign`](Self::campaign) until elected, or [`run`](Self::run) the candidate
+/// with [`LeaderCallbacks`]. The key is held for as long as a [`Leader`] (or a clone
+/// of it, or of its [`handle`](Leader::handle)) exists: **dropping the last one
+/// releases the key** (in the background, best effort), like
+/// [`resign`](Leader::resign) without waiting for it.
 #[derive(Debug)]
 pub struct Election<S> {
     service: Arc<S>,
@@ -104,18 +112,26 @@ impl<S: LockService + 'static> Election<S> {
         }
     }
 
-    /// Every change of leader, starting with the current one (`None`: nobody leads).
+    /// Every change of who leads, as a [`LeaderView`], starting with the current one.
     ///
     /// Polled: one [`leader`](Self::leader) query every `retry_interval` of the
     /// config (T/20 by default; the cadence at which campaigning candidates retry, so
     /// an observer learns of a new leader about as soon as the candidates do). A
-    /// query the service does not answer is skipped (the last value stands); the
-    /// stream ends after a final refusal. Pushed changes (an etcd watch) are a
-    /// follow-up.
-    pub fn observe(&self) -> impl Stream<Item = Option<LeaderInfo>> + Send + 'static {
+    /// query the service does not answer within the request timeout yields
+    /// [`LeaderView::Unknown`] at once (the last leader is not reported as still
+    /// leading): a stopped server is reported within `retry_interval` +
+    /// `request_timeout`. The stream ends after a final refusal.
+    ///
+    /// The stream is [`Unpin`]: `observe().next().await` with
+    /// [`StreamExt`](futures_util::StreamExt) needs no `pin!`. Dropping it stops the
+    /// polling.
+    ///
+    /// **Not pushed**: an etcd watch (a change seen without waiting for the next poll)
+    /// is a known gap; every backend is polled.
+    pub fn observe(&self) -> LeaderWatch {
         let election = self.clone();
-        let state = (election, None::<Option<LeaderInfo>>, true);
-        futures_util::stream::unfold(state, |(election, last, first)| async move {
+        let state = (election, None::<LeaderView>, true);
+        let stream = futures_util::stream::unfold(state, |(election, last, first)| async move {
             let interval: std::time::Duration = election.config.retry_interval().into();
             let mut first = first;
             loop {
@@ -123,15 +139,244 @@ impl<S: LockService + 'static> Election<S> {
                     tokio::time::sleep(interval).await;
                 }
                 first = false;
-                match election.leader().await {
-                    Ok(now) if last != Some(now) => {
-                        return Some((now, (election, Some(now), false)));
-                    }
-                    Ok(_) | Err(ObserveError::Unavailable) => {}
+                let now = match election.leader().await {
+                    Ok(Some(info)) => LeaderView::Led(info),
+                    Ok(None) => LeaderView::Vacant,
+                    Err(ObserveError::Unavailable) => LeaderView::Unknown,
                     Err(ObserveError::Refused(_)) => return None,
+                };
+                if last != Some(now) {
+                    return Some((now, (election, Some(now), false)));
                 }
             }
-        })
+        });
+        LeaderWatch {
+            inner: Box::pin(stream),
+        }
+    }
+
+    /// Runs this candidate until `cancel` fires: campaigns, leads until the
+    /// leadership ends, campaigns again, and so on, telling `callbacks` as it goes
+    /// (in the spirit of client-go's `RunOrDie` with `ReleaseOnCancel`).
+    ///
+    /// * **Started leading**: [`LeaderCallbacks::started_leading`] gets the
+    ///   [`Leader`] and its [`cancellation_token`](Leader::cancellation_token), which
+    ///   is cancelled the moment the leadership ends: at the latest at the lease's
+    ///   safe deadline (the driver wakes for it on tokio's timer, which rounds up to
+    ///   the millisecond; [`check`](Leader::check) refuses from the deadline itself),
+    ///   which is the margin and the drift before the service can expire the key and
+    ///   elect another.
+    ///   Give the token to leader-only work, and [`check`](Leader::check) before
+    ///   every write.
+    /// * **Stopped leading**: [`LeaderCallbacks::stopped_leading`] once per started
+    ///   leadership, after its token was cancelled, with how it ended.
+    /// * **Release on cancel**: when `cancel` fires while leading, writes stop at
+    ///   once, `stopped_leading` is called with [`LeaseEnd::Released`] (or the loss
+    ///   that came first) before the release is sent (so before another candidate
+    ///   can be elected), the key is released, and `run` returns once the release
+    ///   has settled ([`LeaseHandle::settled`]: answered, or retried for at most twice
+    ///   the TTL), so another candidate takes over without waiting for the TTL.
+    ///   When `cancel` fires while campaigning, the campaign is withdrawn.
+    /// * **New leader**: [`LeaderCallbacks::new_leader`] for every change of leader
+    ///   [`observe`](Self::observe) reports (including this candidate), from the
+    ///   first one on; [`LeaderView::Unknown`] is not a change (the service could not
+    ///   be read), so it is not reported.
+    ///
+    /// Ordering: the callbacks are called one at a time, from the future `run`
+    /// returns, never concurrently (so they take `&mut self`; keep them short and
+    /// non-blocking: spawn the leader's work). `started_leading` and
+    /// `stopped_leading` strictly alternate, starting with `started_leading`, and
+    /// every `started_leading` is followed by its `stopped_leading` before `run`
+    /// returns `Ok`. `new_leader` is polled, so it may come before or after this
+    /// candidate's own `started_leading` (within one `retry_interval`).
+    ///
+    /// Ends with `Ok(())` after `cancel` fired, or with the error of a campaign
+    /// that failed for good ([`AcquireError::is_final`]); a campaign that failed
+    /// otherwise (the driver stopped, the lease lost before use) is retried after
+    /// one `retry_interval`.
+    pub async fn run<C: LeaderCallbacks>(
+        self,
+        mut callbacks: C,
+        cancel: CancellationToken,
+    ) -> Result<(), AcquireError> {
+        let mut views = Views::new(self.observe());
+        let retry: std::time::Duration = self.config.retry_interval().into();
+        loop {
+            // Campaign, following who leads meanwhile.
+            let leader = {
+                let campaign = self.campaign();
+                tokio::pin!(campaign);
+                loop {
+                    tokio::select! {
+                        biased;
+                        () = cancel.cancelled() => return Ok(()),
+                        elected = &mut campaign => break elected,
+                        view = views.next() => views.report(view, &mut callbacks),
+                    }
+                }
+            };
+            let leader = match leader {
+                Ok(leader) => leader,
+                Err(why) if why.is_final() => return Err(why),
+                Err(_) => {
+                    tokio::select! {
+                        () = cancel.cancelled() => return Ok(()),
+                        () = tokio::time::sleep(retry) => continue,
+                    }
+                }
+            };
+            // Lead until the leadership ends or `cancel` fires.
+            callbacks.started_leading(leader.cancellation_token(), &leader);
+            let cancelled = loop {
+                tokio::select! {
+                    biased;
+                    end = leader.lost() => break Some(end),
+                    () = cancel.cancelled() => break None,
+                    view = views.next() => views.report(view, &mut callbacks),
+                }
+            };
+            if let Some(end) = cancelled {
+                callbacks.stopped_leading(end);
+                continue;
+            }
+            // Release on cancel: writes stop first, then the key goes.
+            // No await between the two: the callback runs before the release can be
+            // answered, hence before another candidate can be elected.
+            leader.handle.request_release();
+            callbacks.stopped_leading(leader.handle.end().unwrap_or(LeaseEnd::Released));
+            leader.handle.release().await;
+            leader.handle.settled().await;
+            return Ok(());
+        }
+    }
+}
+
+/// What [`Election::run`] tells its caller. Every method has a default that does
+/// nothing; see [`Election::run`] for when each is called and in which order.
+pub trait LeaderCallbacks {
+    /// This candidate was elected. `token` is cancelled the moment the leadership
+    /// ends (at the latest at the safe deadline, before another can be elected):
+    /// give it to the leader's work (spawned; this must not block), and write with
+    /// the fence [`Leader::check`] returns.
+    fn started_leading(&mut self, token: CancellationToken, leader: &Leader) {
+        let _ = (token, leader);
+    }
+
+    /// The leadership that [`started_leading`](Self::started_leading) reported has
+    /// ended (its token is already cancelled), and how.
+    fn stopped_leading(&mut self, end: LeaseEnd) {
+        let _ = end;
+    }
+
+    /// Who leads changed, as polled by [`Election::observe`] (`None`: nobody). Not
+    /// called for [`LeaderView::Unknown`].
+    fn new_leader(&mut self, leader: Option<LeaderInfo>) {
+        let _ = leader;
+    }
+}
+
+/// `run`'s observer: a stream that stops being polled once it ended, and the last
+/// known leader, to report only changes of it.
+struct Views {
+    stream: Option<LeaderWatch>,
+    last: Option<Option<LeaderInfo>>,
+}
+
+impl Views {
+    fn new(stream: LeaderWatch) -> Views {
+        Views {
+            stream: Some(stream),
+            last: None,
+        }
+    }
+
+    /// The next view; pending forever once the stream ended (after a final refusal).
+    async fn next(&mut self) -> Option<LeaderView> {
+        use futures_util::StreamExt;
+        match self.stream.as_mut() {
+            Some(stream) => stream.next().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    fn report<C: LeaderCallbacks>(&mut self, view: Option<LeaderView>, callbacks: &mut C) {
+        let known = match view {
+            None => {
+                self.stream = None;
+                return;
+            }
+            Some(LeaderView::Unknown) => return,
+            Some(LeaderView::Vacant) => None,
+            Some(LeaderView::Led(info)) => Some(info),
+        };
+        if self.last != Some(known) {
+            self.last = Some(known);
+            callbacks.new_leader(known);
+        }
+    }
+}
+
+/// Who leads, as [`Election::observe`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeaderView {
+    /// The service could not be read (no answer within the request timeout): who
+    /// leads is not known. Not a vacancy, and not the last leader either.
+    Unknown,
+    /// Nobody leads.
+    Vacant,
+    /// A candidate leads (its identity and fence).
+    Led(LeaderInfo),
+}
+
+impl LeaderView {
+    /// The leader, if one is known to lead.
+    pub const fn leader(&self) -> Option<LeaderInfo> {
+        match *self {
+            LeaderView::Led(info) => Some(info),
+            LeaderView::Unknown | LeaderView::Vacant => None,
+        }
+    }
+}
+
+/// The stream [`Election::observe`] returns: [`Unpin`] and `Send`, so
+/// [`StreamExt::next`](futures_util::StreamExt::next) works on it as it is.
+pub struct LeaderWatch {
+    inner: Pin<Box<dyn Stream<Item = LeaderView> + Send + 'static>>,
+}
+
+impl Stream for LeaderWatch {
+    type Item = LeaderView;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<LeaderView>> {
+        self.inner.as_mut().poll_next(cx)
+    }
+}
+
+impl fmt::Debug for LeaderWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaderWatch").finish_non_exhaustive()
+    }
+}
+
+/// How many times [`Leader::check`] reads the gate when reads are torn
+/// ([`GateError::Busy`](leasehold::GateError::Busy)) before it returns the refusal.
+pub const CHECK_ATTEMPTS: u32 = 4;
+
+/// `check`, read again while it is refused as `Busy` (a torn read), up to
+/// [`CHECK_ATTEMPTS`] reads.
+fn check_retrying_busy(
+    mut check: impl FnMut() -> Result<Fence, CheckError>,
+) -> Result<Fence, CheckError> {
+    let mut attempts = 1;
+    loop {
+        match check() {
+            Err(CheckError::Gate(GateError::Busy)) if attempts < CHECK_ATTEMPTS => {
+                attempts += 1;
+                std::hint::spin_loop();
+            }
+            done => return done,
+        }
     }
 }
 
@@ -157,6 +402,12 @@ impl fmt::Display for ObserveError {
 impl std::error::Error for ObserveError {}
 
 /// This candidate leads, for as long as [`check`](Self::check) passes.
+///
+/// `Clone`: every clone (and every clone of its [`handle`](Self::handle)) keeps the
+/// leadership. **Dropping the last one releases the key**: checks fail from then on
+/// and the key is released in the background, best effort, bounded by the request
+/// timeout, so a waiting candidate takes over without waiting for the TTL. To wait
+/// for the release, [`resign`](Self::resign) instead.
 #[derive(Clone, Debug)]
 pub struct Leader {
     handle: LeaseHandle,
@@ -172,8 +423,19 @@ impl Leader {
 
     /// The fence, if this candidate may act as leader *now*; otherwise why not.
     /// Call it right before every leader-only write (see [`LeaseHandle::check`]).
+    ///
+    /// A refusal is not always a lost leadership. A torn read of the write gate
+    /// ([`GateError::Busy`](leasehold::GateError::Busy)) is retried here, up to
+    /// [`CHECK_ATTEMPTS`] reads in all, so it is returned only under a writer that
+    /// keeps the gate busy. A fail-closed pause
+    /// ([`GateError::Paused`](leasehold::GateError::Paused): a renewal's outcome is
+    /// unknown) refuses this write but may pass again in this term:
+    /// [`CheckError::is_temporary`] says so, and the leadership is lost only when
+    /// [`CheckError::loss`] names a reason, the term was released
+    /// ([`CheckError::ReleaseRequested`]), or the driver stopped — i.e. when
+    /// [`lost`](Self::lost) completes.
     pub fn check(&self) -> Result<Fence, CheckError> {
-        self.handle.check()
+        check_retrying_busy(|| self.handle.check())
     }
 
     /// Completes when the leadership ends: lost, resigned, or the driver gone.
@@ -199,3 +461,48 @@ impl Leader {
         &self.handle
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_reads_again_after_torn_reads_and_gives_up_after_the_bound() {
+        let busy = Err(CheckError::Gate(GateError::Busy));
+        let mut reads = 0;
+        let passed = check_retrying_busy(|| {
+            reads += 1;
+            if reads < CHECK_ATTEMPTS {
+                busy
+            } else {
+                Ok(Fence(7))
+            }
+        });
+        assert_eq!(passed, Ok(Fence(7)), "torn reads are not a lost leadership");
+        assert_eq!(reads, CHECK_ATTEMPTS);
+
+        let mut reads = 0;
+        let refused = check_retrying_busy(|| {
+            reads += 1;
+            busy
+        });
+        assert_eq!(refused, busy, "bounded: a busy gate is returned in the end");
+        assert_eq!(reads, CHECK_ATTEMPTS);
+
+        let mut reads = 0;
+        let paused = Err(CheckError::Gate(GateError::Paused));
+        assert_eq!(
+            check_retrying_busy(|| {
+                reads += 1;
+                paused
+            }),
+            paused
+        );
+        assert_eq!(reads, 1, "anything but a torn read is returned at once");
+    }
+}
+
+/// `docs/election.md`, so that its `run` example is compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../../../docs/election.md")]
+struct ElectionGuide;

@@ -254,6 +254,12 @@ impl LeaseHandle {
             .await
     }
 
+    /// Asks for the release without waiting: writes stop at once (as in
+    /// [`release`](Self::release)), [`lost`](Self::lost) completes.
+    pub(crate) fn request_release(&self) {
+        self.shared.request_release(trace::ReleaseWhy::Requested);
+    }
+
     /// Completes when nothing is left to send for the term: it ended, and its release
     /// (after a release or a loss) was answered, or its retries ran out, at most twice
     /// the TTL after it was first sent. Bound it with a timeout before a process exits

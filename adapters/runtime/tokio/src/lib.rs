@@ -23,7 +23,10 @@ mod trace;
 mod turns;
 
 pub use acquire::{acquire, acquire_with, try_acquire, AcquireError, AcquireOptions};
-pub use election::{Election, Leader, LeaderInfo, ObserveError};
+pub use election::{
+    Election, Leader, LeaderCallbacks, LeaderInfo, LeaderView, LeaderWatch, ObserveError,
+    CHECK_ATTEMPTS,
+};
 pub use leasehold_driver::random_owner;
 // The core and driver types a tokio user needs, so that `leasehold-tokio` (plus a
 // service crate) is the only dependency to add.
@@ -38,3 +41,6 @@ pub use set::LeaseSet;
 pub use state::{LeaseEnd, LeaseState, LeaseStats, TimedEvent};
 pub use supervise::{supervise, SuperviseEnd, SuperviseOptions, Term};
 pub use time::LeaseClock;
+/// The token [`Election::run`] stops on and hands to a new leader (re-exported from
+/// `tokio-util`).
+pub use tokio_util::sync::CancellationToken;

@@ -10,7 +10,10 @@ use common::{config, ms, within, Timeline};
 use futures_util::StreamExt;
 use leasehold::{Fence, Identity};
 use leasehold_tokio::memory::MemoryService;
-use leasehold_tokio::{AcquireError, Election, Leader, LeaderInfo, LeaseEnd};
+use leasehold_tokio::{
+    AcquireError, Election, Leader, LeaderCallbacks, LeaderInfo, LeaderView, LeaseEnd,
+};
+use tokio_util::sync::CancellationToken;
 
 const KEY: &str = "leader";
 
@@ -25,7 +28,7 @@ fn election(service: &Arc<MemoryService>, i: usize) -> Election<MemoryService> {
 type Slots = Arc<Mutex<Vec<Option<Leader>>>>;
 
 /// What an observer saw: (ms, who leads).
-type Changes = Vec<(u64, Option<LeaderInfo>)>;
+type Changes = Vec<(u64, LeaderView)>;
 
 /// Five candidates campaign, lead for a while (candidate `i` for 600 + 150·i ms),
 /// resign and campaign again at once, over and over. A fault hits whoever leads at 1 s (partition, 1.5 s),
@@ -219,7 +222,8 @@ async fn an_observer_sees_every_leader_within_one_retry_interval() {
     let observer = tokio::spawn({
         let (stream, seen) = (election(&service, 9).observe(), seen.clone());
         async move {
-            let mut stream = std::pin::pin!(stream);
+            // `Unpin`: no `pin!` needed.
+            let mut stream = stream;
             while let Some(change) = stream.next().await {
                 seen.lock().unwrap().push((timeline.now_ms(), change));
             }
@@ -237,15 +241,20 @@ async fn an_observer_sees_every_leader_within_one_retry_interval() {
     let seen = seen.lock().unwrap().clone();
     println!("{seen:?}");
     let info = |i: usize, fence: Fence| {
-        Some(LeaderInfo {
+        LeaderView::Led(LeaderInfo {
             identity: identity(i),
             fence,
         })
     };
-    let changes: Vec<Option<LeaderInfo>> = seen.iter().map(|&(_, c)| c).collect();
+    let changes: Vec<LeaderView> = seen.iter().map(|&(_, c)| c).collect();
     assert_eq!(
         changes,
-        [None, info(0, a_fence), None, info(1, b.granted_fence())]
+        [
+            LeaderView::Vacant,
+            info(0, a_fence),
+            LeaderView::Vacant,
+            info(1, b.granted_fence())
+        ]
     );
     // Polled every retry interval (45 ms): each change is seen within one.
     let at: Vec<u64> = seen.iter().map(|&(t, _)| t).collect();
@@ -268,4 +277,246 @@ async fn a_follower_cannot_lead_and_a_bad_key_fails_at_once() {
         other => panic!("{other:?}"),
     }
     assert!(Election::new(service, "{bad}", identity(0), config(900)).is_err());
+}
+
+/// An observer reports `Unknown` as soon as one query goes unanswered (not the last
+/// leader), and the leader again once the service answers.
+#[tokio::test(start_paused = true)]
+async fn an_observer_reports_unknown_while_the_service_does_not_answer() {
+    let timeline = Timeline::start();
+    let service = Arc::new(MemoryService::new());
+    let a = election(&service, 0).campaign().await.unwrap();
+    let mut watch = election(&service, 9).observe();
+    let led = LeaderView::Led(LeaderInfo {
+        identity: identity(0),
+        fence: a.granted_fence(),
+    });
+    assert_eq!(watch.next().await, Some(led));
+    timeline.until(1_000).await;
+    service.stall(leasehold_tokio::memory::Scope::All);
+    let view = tokio::time::timeout(ms(1_000), watch.next()).await;
+    assert_eq!(view, Ok(Some(LeaderView::Unknown)));
+    let unknown_after = timeline.now_ms() - 1_000;
+    // config(900): retry interval 45 ms (the next query) + request timeout 90 ms.
+    assert!(unknown_after <= 45 + 90, "unknown after {unknown_after} ms");
+    service.unstall(leasehold_tokio::memory::Scope::All);
+    // The leader's renewals were stalled too; a leader is reported again either way.
+    assert!(matches!(watch.next().await, Some(LeaderView::Led(_))));
+    drop(a);
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Call {
+    Started(usize),
+    Stopped(usize, LeaseEnd),
+}
+
+/// Records every callback of candidate `i` in a shared log, with the leader and its
+/// token, and when the token was cancelled (on the lease's clock).
+#[derive(Clone)]
+struct Recorder {
+    i: usize,
+    log: Arc<Mutex<Vec<(u64, Call)>>>,
+    leaders: Arc<Mutex<Vec<Option<Leader>>>>,
+    token_cancelled: Arc<Mutex<Vec<Option<leasehold::Instant>>>>,
+    timeline: Timeline,
+    /// Cancelled when this candidate stops leading (its `run` then returns).
+    quit_after_leading: Option<CancellationToken>,
+}
+
+impl Recorder {
+    fn new(timeline: Timeline, n: usize) -> Recorder {
+        Recorder {
+            i: 0,
+            log: Arc::default(),
+            leaders: Arc::new(Mutex::new(vec![None; n])),
+            token_cancelled: Arc::new(Mutex::new(vec![None; n])),
+            timeline,
+            quit_after_leading: None,
+        }
+    }
+
+    fn of(&self, i: usize) -> Recorder {
+        Recorder {
+            i,
+            quit_after_leading: None,
+            ..self.clone()
+        }
+    }
+
+    fn calls(&self) -> Vec<Call> {
+        self.log.lock().unwrap().iter().map(|&(_, c)| c).collect()
+    }
+
+    fn at(&self, call: Call) -> u64 {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|&&(_, c)| c == call)
+            .unwrap_or_else(|| panic!("no {call:?}"))
+            .0
+    }
+}
+
+impl LeaderCallbacks for Recorder {
+    fn started_leading(&mut self, token: CancellationToken, leader: &Leader) {
+        let (i, now) = (self.i, self.timeline.now_ms());
+        self.log.lock().unwrap().push((now, Call::Started(i)));
+        self.leaders.lock().unwrap()[i] = Some(leader.clone());
+        self.token_cancelled.lock().unwrap()[i] = None;
+        let (clock, cancelled) = (leader.handle().clock(), self.token_cancelled.clone());
+        tokio::spawn(async move {
+            token.cancelled().await;
+            cancelled.lock().unwrap()[i] = Some(clock.now());
+        });
+    }
+
+    fn stopped_leading(&mut self, end: LeaseEnd) {
+        let now = self.timeline.now_ms();
+        self.log
+            .lock()
+            .unwrap()
+            .push((now, Call::Stopped(self.i, end)));
+        if let Some(quit) = &self.quit_after_leading {
+            quit.cancel();
+        }
+    }
+}
+
+type Running = (
+    CancellationToken,
+    tokio::task::JoinHandle<Result<(), AcquireError>>,
+);
+
+fn run(service: &Arc<MemoryService>, recorder: &Recorder, i: usize) -> Running {
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(election(service, i).run(recorder.of(i), cancel.clone()));
+    (cancel, task)
+}
+
+/// Two candidates `run`: the first leads, is cut off from the service, stops leading
+/// (its token cancelled by its safe deadline, before the key expires), and the second
+/// starts leading after that. (The first then quits: campaigning again with a fresh
+/// owner, outside the partition, it could win the freed key as well.)
+#[tokio::test(start_paused = true)]
+async fn run_reports_started_stopped_started_and_cancels_the_token_by_the_safe_deadline() {
+    let timeline = Timeline::start();
+    let service = Arc::new(MemoryService::new());
+    let recorder = Recorder::new(timeline, 2);
+    let cancel_a = CancellationToken::new();
+    let a = tokio::spawn(election(&service, 0).run(
+        Recorder {
+            quit_after_leading: Some(cancel_a.clone()),
+            ..recorder.of(0)
+        },
+        cancel_a.clone(),
+    ));
+    timeline.until(10).await;
+    assert_eq!(recorder.calls(), [Call::Started(0)]);
+    let (cancel_b, b) = run(&service, &recorder, 1);
+    timeline.until(1_000).await;
+    let leader_a = recorder.leaders.lock().unwrap()[0].clone().unwrap();
+    service.partition(leader_a.handle().owner());
+    let deadline = leader_a.deadline_now();
+    drop(leader_a);
+    timeline.until(3_000).await;
+    let calls = recorder.calls();
+    assert!(a.is_finished(), "a quit after its leadership");
+    assert_eq!(
+        calls,
+        [
+            Call::Started(0),
+            Call::Stopped(0, LeaseEnd::Lost(leasehold::LossReason::Expired)),
+            Call::Started(1)
+        ],
+        "{calls:?}"
+    );
+    let cancelled = recorder.token_cancelled.lock().unwrap()[0].expect("a's token cancelled");
+    // The driver wakes at the deadline on tokio's timer, which rounds up to the
+    // millisecond; `check()` itself refuses from the deadline on. The deadline is the
+    // margin (45 ms) and the drift before the service can expire the key.
+    assert!(
+        cancelled <= deadline + leasehold::Duration::from_millis(1),
+        "token cancelled at {cancelled:?}, safe deadline {deadline:?}"
+    );
+    let stopped = recorder.at(calls[1]);
+    let started = recorder.at(Call::Started(1));
+    println!("a stopped at {stopped} ms, b started at {started} ms");
+    assert!(stopped < started);
+    cancel_b.cancel();
+    a.await.unwrap().unwrap();
+    b.await.unwrap().unwrap();
+    let calls = recorder.calls();
+    for i in 0..2 {
+        let mine: Vec<bool> = calls
+            .iter()
+            .filter_map(|c| match *c {
+                Call::Started(j) if j == i => Some(true),
+                Call::Stopped(j, _) if j == i => Some(false),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            mine.chunks(2).all(|p| p == [true, false]),
+            "candidate {i} alternates and ends stopped: {calls:?}"
+        );
+    }
+}
+
+/// Cancelling a leader's `run` releases the key: the other candidate is elected
+/// within a jittered retry interval, not after a TTL, and `run` returns once the
+/// release settled.
+#[tokio::test(start_paused = true)]
+async fn cancelling_run_while_leading_releases_the_key() {
+    let timeline = Timeline::start();
+    let service = Arc::new(MemoryService::new());
+    let recorder = Recorder::new(timeline, 2);
+    let (cancel_a, a) = run(&service, &recorder, 0);
+    timeline.until(10).await;
+    let (cancel_b, b) = run(&service, &recorder, 1);
+    timeline.until(500).await;
+    cancel_a.cancel();
+    a.await.unwrap().unwrap();
+    let returned = timeline.now_ms();
+    assert_eq!(
+        recorder.calls(),
+        [Call::Started(0), Call::Stopped(0, LeaseEnd::Released)]
+    );
+    timeline.until(600).await;
+    let started = recorder.at(Call::Started(1));
+    println!("a returned at {returned} ms, b started at {started} ms");
+    // config(900): retry interval 45 ms, jittered within [0.5, 1.5] (+1 ms rounding).
+    assert!(started <= 500 + 69, "b elected at {started} ms");
+    let a_leader = recorder.leaders.lock().unwrap()[0].clone().unwrap();
+    assert!(a_leader.check().is_err());
+    assert_eq!(
+        a_leader.handle().state(),
+        leasehold_tokio::LeaseState::Released
+    );
+    cancel_b.cancel();
+    b.await.unwrap().unwrap();
+}
+
+/// `run` ends with a final refusal.
+#[tokio::test(start_paused = true)]
+async fn run_ends_with_a_final_refusal() {
+    let service = common::Recording::new();
+    service.refuse_acquires(leasehold::Refusal::InvalidKey);
+    let election = Election::new(service, KEY, identity(0), config(900)).unwrap();
+    let end = election.run(NoCallbacks, CancellationToken::new()).await;
+    assert!(matches!(end, Err(e) if e.is_final()), "{end:?}");
+}
+
+struct NoCallbacks;
+impl LeaderCallbacks for NoCallbacks {}
+
+trait DeadlineNow {
+    fn deadline_now(&self) -> leasehold::Instant;
+}
+
+impl DeadlineNow for Leader {
+    fn deadline_now(&self) -> leasehold::Instant {
+        self.handle().deadline().expect("held")
+    }
 }

@@ -11,7 +11,9 @@ mod common;
 use std::sync::Arc;
 
 use common::{config, proxy_endpoint, service, service_on, std_ms, EtcdCluster, Proxy};
-use leasehold_test_support::election::{five_candidates_scenario, Scenario};
+use leasehold_test_support::election::{
+    five_candidates_scenario, run_scenario, RunScenario, Scenario,
+};
 
 const KEY: &str = "election";
 // etcd TTLs are whole seconds, at least its minimum (1 s with the fast test timing).
@@ -40,6 +42,30 @@ fn five_candidates_keep_one_leader_through_stalled_leaders_and_a_stopped_server(
             services,
             proxies,
             outsider: Arc::new(service(&cluster).await),
+            key: KEY,
+            config: config(TTL_MS),
+            stop: || cluster.pause(0),
+            resume: || cluster.resume(0),
+            limit: std_ms(8_000),
+        })
+        .await;
+    });
+}
+
+/// `Election::run` with five candidates on one member: one between
+/// `started_leading` and `stopped_leading` at a time, release on cancel, and an
+/// observer that reports `Unknown` while the member is stopped.
+#[test]
+fn five_runners_lead_one_at_a_time_and_the_observer_reports_a_stopped_server() {
+    let cluster = EtcdCluster::single();
+    runtime().block_on(async {
+        let mut services = Vec::new();
+        for _ in 0..5 {
+            services.push(Arc::new(service(&cluster).await));
+        }
+        run_scenario(RunScenario {
+            services,
+            observer: Arc::new(service(&cluster).await),
             key: KEY,
             config: config(TTL_MS),
             stop: || cluster.pause(0),

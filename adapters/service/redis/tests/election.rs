@@ -11,7 +11,9 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use leasehold_test_support::election::{five_candidates_scenario, Scenario};
+use leasehold_test_support::election::{
+    five_candidates_scenario, run_scenario, RunScenario, Scenario,
+};
 
 const KEY: &str = "election";
 const TTL_MS: u64 = 1_000;
@@ -39,6 +41,30 @@ fn five_candidates_keep_one_leader_through_stalled_leaders_and_a_stopped_server(
             services,
             proxies,
             outsider: Arc::new(service(&server.url()).await),
+            key: KEY,
+            config: config(TTL_MS),
+            stop: || server.pause(),
+            resume: || server.resume(),
+            limit: std_ms(5_000),
+        })
+        .await;
+    });
+}
+
+/// `Election::run` with five candidates on one server: one between
+/// `started_leading` and `stopped_leading` at a time, release on cancel, and an
+/// observer that reports `Unknown` while the server is stopped.
+#[test]
+fn five_runners_lead_one_at_a_time_and_the_observer_reports_a_stopped_server() {
+    let server = RedisServer::start();
+    runtime().block_on(async {
+        let mut services = Vec::new();
+        for _ in 0..5 {
+            services.push(Arc::new(service(&server.url()).await));
+        }
+        run_scenario(RunScenario {
+            services,
+            observer: Arc::new(service(&server.url()).await),
             key: KEY,
             config: config(TTL_MS),
             stop: || server.pause(),

@@ -7,11 +7,15 @@
 //! [`Candidates::elected_after`] waits for a new leader and checks, at every sample
 //! while it waits, that at most one candidate's `Leader::check()` passes.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use leasehold::{Config, Fence, Identity};
-use leasehold_tokio::{AcquireError, Election, Leader, LockService};
+use leasehold_tokio::{
+    AcquireError, CancellationToken, Election, Leader, LeaderCallbacks, LeaderView, LeaseEnd,
+    LockService,
+};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -403,4 +407,257 @@ impl Drop for Candidates {
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The five runners of [`run_scenario`]: what they need from the backend.
+pub struct RunScenario<S, P, R> {
+    /// One service per candidate.
+    pub services: Vec<Arc<S>>,
+    /// A service straight to the server for the observer (it does not campaign).
+    pub observer: Arc<S>,
+    /// The election's key.
+    pub key: &'static str,
+    /// The candidates' and the observer's config.
+    pub config: Config,
+    /// Stops the server (SIGSTOP).
+    pub stop: P,
+    /// Resumes it.
+    pub resume: R,
+    /// The longest wait for any new leader.
+    pub limit: Duration,
+}
+
+/// A callback of [`Election::run`], as one candidate reported it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Called {
+    /// `started_leading`, with the leadership's fence.
+    Started(Fence),
+    /// `stopped_leading`.
+    Stopped(LeaseEnd),
+}
+
+struct Runner {
+    i: usize,
+    /// How many candidates are between `started_leading` and `stopped_leading`.
+    leading: Arc<AtomicUsize>,
+    /// Set when a `started_leading` found another candidate leading.
+    two_leaders: Arc<AtomicBool>,
+    calls: tokio::sync::mpsc::UnboundedSender<(usize, Called, Instant)>,
+}
+
+impl LeaderCallbacks for Runner {
+    fn started_leading(&mut self, _token: CancellationToken, leader: &Leader) {
+        if self.leading.fetch_add(1, Ordering::SeqCst) != 0 {
+            self.two_leaders.store(true, Ordering::SeqCst);
+        }
+        let call = Called::Started(leader.granted_fence());
+        let _ = self.calls.send((self.i, call, Instant::now()));
+    }
+
+    fn stopped_leading(&mut self, end: LeaseEnd) {
+        self.leading.fetch_sub(1, Ordering::SeqCst);
+        let _ = self
+            .calls
+            .send((self.i, Called::Stopped(end), Instant::now()));
+    }
+}
+
+/// `Election::run` on a real backend: five candidates run; never two of them
+/// between `started_leading` and `stopped_leading` at once; cancelling the leader's
+/// `run` hands over to another (its `stopped_leading` says `Released`) well within
+/// a TTL, and an observer reports the new leader; stopping the server (SIGSTOP) is
+/// reported as [`LeaderView::Unknown`] within `retry_interval` + `request_timeout`
+/// (plus 250 ms of scheduling slack), the leader stops leading, and after the server resumes a
+/// new leader starts and is observed. Every candidate's callbacks alternate started /
+/// stopped, starting with started and ending with stopped once all runs returned.
+///
+/// # Panics
+///
+/// On any breach (this is a test helper).
+pub async fn run_scenario<S: LockService + 'static>(
+    scenario: RunScenario<S, impl FnMut(), impl FnMut()>,
+) {
+    use futures_util::StreamExt;
+
+    let RunScenario {
+        services,
+        observer,
+        key,
+        config,
+        mut stop,
+        mut resume,
+        limit,
+    } = scenario;
+    let ttl: Duration = config.ttl().into();
+    let retry: Duration = config.retry_interval().into();
+    let request: Duration = config.request_timeout().into();
+    let n = services.len();
+    let leading = Arc::new(AtomicUsize::new(0));
+    let two_leaders = Arc::new(AtomicBool::new(false));
+    let (calls_tx, mut calls) = tokio::sync::mpsc::unbounded_channel();
+    let mut runs = Vec::new();
+    for (i, service) in services.into_iter().enumerate() {
+        let election = Election::new(service, key, Candidates::identity(i), config)
+            .expect("a valid election key");
+        let cancel = CancellationToken::new();
+        let runner = Runner {
+            i,
+            leading: leading.clone(),
+            two_leaders: two_leaders.clone(),
+            calls: calls_tx.clone(),
+        };
+        let run = tokio::spawn(election.run(runner, cancel.clone()));
+        runs.push((cancel, Some(run)));
+    }
+    drop(calls_tx);
+
+    let (views_tx, mut views) = tokio::sync::mpsc::unbounded_channel();
+    let watch = Election::new(observer, key, Identity::lossy("observer"), config)
+        .expect("the observer's election")
+        .observe();
+    let observing = tokio::spawn(async move {
+        let mut watch = watch;
+        while let Some(view) = watch.next().await {
+            if views_tx.send((view, Instant::now())).is_err() {
+                return;
+            }
+        }
+    });
+
+    let mut log: Vec<(usize, Called, Instant)> = Vec::new();
+    // The next callback, logged.
+    macro_rules! next_call {
+        ($what:expr) => {{
+            let call = tokio::time::timeout(limit, calls.recv())
+                .await
+                .unwrap_or_else(|_| panic!("{} within {:?}: {log:?}", $what, limit))
+                .expect("the runners are alive");
+            log.push(call);
+            assert!(
+                !two_leaders.load(Ordering::SeqCst),
+                "two candidates lead at once: {log:?}"
+            );
+            call
+        }};
+    }
+    // The observer's first view that satisfies `pred`.
+    macro_rules! next_view {
+        ($what:expr, $pred:expr) => {{
+            let pred = $pred;
+            loop {
+                let (view, at) = tokio::time::timeout(limit, views.recv())
+                    .await
+                    .unwrap_or_else(|_| panic!("observed {} within {:?}", $what, limit))
+                    .expect("the observer is alive");
+                if pred(&view) {
+                    break (view, at);
+                }
+            }
+        }};
+    }
+
+    // A first leader, observed.
+    let (first, first_fence) = match next_call!("a first leader") {
+        (i, Called::Started(fence), _) => (i, fence),
+        other => panic!("first callback {other:?}"),
+    };
+    let led_by = |i: usize, after: Fence| {
+        move |view: &LeaderView| {
+            matches!(view, LeaderView::Led(info)
+                if info.identity == Candidates::identity(i) && info.fence >= after)
+        }
+    };
+    next_view!("the first leader", led_by(first, first_fence));
+
+    // Cancel the leader's run: it releases, another leads well within a TTL.
+    let cancelled_at = Instant::now();
+    runs[first].0.cancel();
+    let run = runs[first].1.take().expect("running");
+    let stopped = next_call!("the cancelled leader stops");
+    assert!(
+        matches!(stopped, (i, Called::Stopped(LeaseEnd::Released), _) if i == first),
+        "{stopped:?}"
+    );
+    tokio::time::timeout(limit, run)
+        .await
+        .expect("run returns after the release settled")
+        .expect("the run task")
+        .expect("run ends with Ok after cancel");
+    let (second, second_fence, second_at) = match next_call!("a second leader") {
+        (i, Called::Started(fence), at) => (i, fence, at),
+        other => panic!("after the release: {other:?}"),
+    };
+    assert_ne!(second, first);
+    assert!(second_fence > first_fence);
+    let handover = second_at - cancelled_at;
+    println!("run cancelled → next leader started: {handover:?}");
+    assert!(
+        handover < ttl,
+        "released on cancel: the next leader did not wait for the TTL ({handover:?})"
+    );
+    next_view!("the second leader", led_by(second, second_fence));
+
+    // Stop the server: the observer says Unknown, the leader stops leading. (Views
+    // from before the stop are dropped first.)
+    while views.try_recv().is_ok() {}
+    stop();
+    let stopped_at = Instant::now();
+    let (_, unknown_at) = next_view!("Unknown while stopped", |v: &LeaderView| {
+        *v == LeaderView::Unknown
+    });
+    let unknown_after = unknown_at - stopped_at;
+    println!("server stopped → observer reports Unknown: {unknown_after:?}");
+    // The next query starts within a retry interval and times out after the request
+    // timeout; the slack is for a loaded machine's scheduling.
+    let bound = retry + request + Duration::from_millis(250);
+    assert!(
+        unknown_after <= bound,
+        "Unknown after {unknown_after:?} (bound {bound:?})"
+    );
+    assert!(matches!(
+        next_call!("the leader stops leading while the server is stopped"),
+        (i, Called::Stopped(LeaseEnd::Lost(_)), _) if i == second
+    ));
+    resume();
+
+    // After the resume, a new leader, observed.
+    let (third, third_fence) = match next_call!("a leader after the resume") {
+        (i, Called::Started(fence), _) => (i, fence),
+        other => panic!("after the resume: {other:?}"),
+    };
+    assert!(third_fence > second_fence);
+    next_view!("the leader after the resume", led_by(third, third_fence));
+
+    // Cancel everyone; every run returns Ok.
+    for (cancel, _) in &runs {
+        cancel.cancel();
+    }
+    for (_, run) in &mut runs {
+        if let Some(run) = run.take() {
+            tokio::time::timeout(limit, run)
+                .await
+                .expect("run returns after cancel")
+                .expect("the run task")
+                .expect("run ends with Ok after cancel");
+        }
+    }
+    while let Ok(call) = calls.try_recv() {
+        log.push(call);
+    }
+    observing.abort();
+    assert!(!two_leaders.load(Ordering::SeqCst), "two leaders: {log:?}");
+    assert_eq!(leading.load(Ordering::SeqCst), 0, "{log:?}");
+    for i in 0..n {
+        let mine: Vec<Called> = log
+            .iter()
+            .filter(|&&(j, _, _)| j == i)
+            .map(|&(_, c, _)| c)
+            .collect();
+        assert!(
+            mine.chunks(2)
+                .all(|pair| matches!(pair, [Called::Started(_), Called::Stopped(_)])),
+            "candidate {i}: started / stopped alternate: {mine:?}"
+        );
+    }
+    println!("callbacks: {log:?}");
 }
