@@ -178,7 +178,11 @@ fn main() {
             // release (`ReleaseQueued`); only `Stale` and `WrongKind` changed nothing.
             let handled = lease.handle_response(t, id, answer, &gate);
             if !handled.changed() {
-                line(ms(now), "lease", format!("answer #{} ignored: {handled:?}", id.0));
+                line(
+                    ms(now),
+                    "lease",
+                    format!("answer #{} ignored: {handled:?}", id.0),
+                );
             }
         }
         // Harmless when nothing is due.

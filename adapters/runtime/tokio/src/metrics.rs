@@ -107,10 +107,17 @@ mod on {
     pub(crate) fn driver_stopped() {
         counter!(LOSSES, "reason" => "driver_stopped").increment(1);
     }
+
+    /// The acquire's hard wait bound ran out with an attempt in flight: the core
+    /// saw a release, not a final failure, so the acquire is counted here.
+    pub(crate) fn acquire_timed_out(busy: bool) {
+        let result = if busy { "busy" } else { "unavailable" };
+        counter!(ACQUIRES, "result" => result).increment(1);
+    }
 }
 
 #[cfg(feature = "metrics")]
-pub(crate) use on::{driver_stopped, event, held};
+pub(crate) use on::{acquire_timed_out, driver_stopped, event, held};
 
 #[cfg(not(feature = "metrics"))]
 pub(crate) fn event(_: &str, _: &TimedEvent, _: Option<Duration>) {}
@@ -118,3 +125,5 @@ pub(crate) fn event(_: &str, _: &TimedEvent, _: Option<Duration>) {}
 pub(crate) fn held(_: f64) {}
 #[cfg(not(feature = "metrics"))]
 pub(crate) fn driver_stopped() {}
+#[cfg(not(feature = "metrics"))]
+pub(crate) fn acquire_timed_out(_: bool) {}

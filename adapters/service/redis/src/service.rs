@@ -229,11 +229,17 @@ where
         }
     }
 
-    /// Bounds every typed call by `timeout` (`None`: unbounded).
+    /// Bounds every typed call by `timeout` (`Duration::MAX`: unbounded, which a
+    /// service made from a connection is until this is called).
     #[must_use]
-    pub fn with_request_timeout(mut self, timeout: Option<std::time::Duration>) -> Self {
-        self.request_timeout = timeout;
+    pub fn with_request_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.request_timeout = bound(timeout);
         self
+    }
+
+    /// The bound on every typed call (`Duration::MAX`: none).
+    pub fn request_timeout(&self) -> std::time::Duration {
+        self.request_timeout.unwrap_or(std::time::Duration::MAX)
     }
 
     /// The longest TTL an acquire may ask for (default [`DEFAULT_MAX_TTL`], 30 s); a
@@ -354,8 +360,10 @@ where
         name: &str,
         token: OwnerToken,
         identity: &Identity,
-        ttl: Duration,
+        ttl: impl Into<Duration>,
     ) -> Result<Acquired, RedisLockError> {
+        // std's `Duration` or the core's.
+        let ttl: Duration = ttl.into();
         let op = Op::Acquire;
         let name = checked(op, name)?;
         self.within_max_ttl(op, ttl)?;
@@ -480,8 +488,10 @@ where
         name: &str,
         token: OwnerToken,
         fence: Fence,
-        ttl: Duration,
+        ttl: impl Into<Duration>,
     ) -> Result<Renewed, RedisLockError> {
+        // std's `Duration` or the core's.
+        let ttl: Duration = ttl.into();
         let op = Op::Renew;
         let name = checked(op, name)?;
         self.within_max_ttl(op, ttl)?;
@@ -840,6 +850,11 @@ fn ttl_ms(ttl: Duration) -> (u64, Duration) {
     (ms, Duration::from_millis(ms))
 }
 
+/// A request timeout as the service keeps it: `None` for `Duration::MAX`, no bound.
+pub(crate) fn bound(timeout: std::time::Duration) -> Option<std::time::Duration> {
+    (timeout != std::time::Duration::MAX).then_some(timeout)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -853,5 +868,17 @@ mod tests {
         );
         assert_eq!(ttl_ms(Duration::ZERO).1, Duration::from_millis(1));
         assert_eq!(ttl_ms(Duration::MAX).0, u64::MAX / 1_000 + 1);
+    }
+
+    /// `request_timeout(Duration::MAX)` is what `None` was: no bound.
+    #[test]
+    fn the_largest_request_timeout_is_no_bound() {
+        let second = std::time::Duration::from_secs(1);
+        assert_eq!(bound(std::time::Duration::MAX), None);
+        assert_eq!(bound(second), Some(second));
+        assert_eq!(
+            bound(std::time::Duration::ZERO),
+            Some(std::time::Duration::ZERO)
+        );
     }
 }
