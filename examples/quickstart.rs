@@ -13,7 +13,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use leasehold::{Config, Duration, Event};
+use std::time::Duration;
+
+use leasehold::Event;
 use leasehold_examples::{contender, virtual_time_runtime, Storage, Timeline};
 use leasehold_tokio::memory::MemoryService;
 use leasehold_tokio::{acquire_with, LeaseEnd, LeaseHandle, TimedEvent};
@@ -29,7 +31,10 @@ async fn quickstart() {
     println!(
         "(virtual time: tokio's paused clock, so this runs instantly and the same every time)"
     );
-    let config = Config::builder(Duration::from_secs(3)).build().unwrap();
+    // Every duration a tokio user passes is std's `Duration`.
+    let config = leasehold_tokio::config(Duration::from_secs(3))
+        .build()
+        .unwrap();
     println!(
         "lease: ttl {}, renew every {}, request timeout {}, retry after {}; a grant sent at s \
          is safe until s + {} ms\n",

@@ -155,7 +155,7 @@ pub async fn connect(url: &str, settings: &Settings<'_>) -> Result<Service, Stri
             None => url.to_owned(),
         };
         let mut builder = RedisLockService::builder(url)
-            .request_timeout(Some(request_timeout))
+            .request_timeout(request_timeout)
             .max_ttl(max_ttl);
         if let Some(tls) = tls {
             builder = redis_tls(builder, tls)?;

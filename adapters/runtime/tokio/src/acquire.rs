@@ -63,8 +63,14 @@ impl AcquireOptions {
     /// Give up when no attempt succeeded within `wait`: the acquire then fails with
     /// [`AcquireError::Busy`] (the key was held) or [`AcquireError::Unavailable`] (the
     /// service did not answer). `Duration::ZERO` tries once, like `flock -n`.
-    /// Retries are jittered around the config's `retry_interval`; an attempt in
-    /// flight at the bound is still awaited, for at most the request timeout.
+    /// Retries are jittered around the config's `retry_interval`.
+    ///
+    /// A non-zero bound is **hard**: the acquire returns at `wait` even with an
+    /// attempt in flight (it is then `Busy` if an earlier attempt found the key held,
+    /// `Unavailable(Timeout)` otherwise). The term ends there and a release is sent,
+    /// so a late answer that granted the key does not keep it from the next
+    /// contender for a TTL. A zero bound tries once and awaits that one attempt, for
+    /// at most the config's request timeout.
     pub const fn max_wait(mut self, wait: std::time::Duration) -> AcquireOptions {
         self.max_wait = Some(wait);
         self
@@ -262,7 +268,13 @@ pub(crate) async fn start<S: LockService + 'static>(
     // another pid.
     let common = common.with_identity(options.identity.unwrap_or_else(default_identity));
     let (config, clock) = (common.config, common.clock);
-    // The wait bound counts from the call, the wait for our turn included.
+    // The wait bound counts from the call, the wait for our turn included. A zero
+    // bound is one attempt (`flock -n`), awaited for up to the request timeout; any
+    // other bound is hard: the acquire returns at it, an attempt in flight or not.
+    let hard_bound = options
+        .max_wait
+        .filter(|wait| !wait.is_zero())
+        .and_then(|wait| tokio::time::Instant::now().checked_add(wait));
     let give_up_at = match options.max_wait {
         Some(wait) => clock.now().saturating_add(leasehold::Duration::from(wait)),
         None => leasehold::Instant::MAX,
@@ -274,7 +286,13 @@ pub(crate) async fn start<S: LockService + 'static>(
     let mut attempt = Attempt(Some(Arc::clone(&shared)));
     drive(Arc::clone(&shared), give_up_at);
 
-    let outcome = shared.wait_for(settled).await;
+    let outcome = match hard_bound {
+        None => shared.wait_for(settled).await,
+        Some(bound) => match tokio::time::timeout_at(bound, shared.wait_for(settled)).await {
+            Ok(outcome) => outcome,
+            Err(_elapsed) => settled(&shared).unwrap_or_else(|| timed_out(&shared)),
+        },
+    };
     if outcome.is_ok() {
         attempt.0 = None;
     }
@@ -322,6 +340,30 @@ fn settled(shared: &Shared) -> Option<Result<(), AcquireError>> {
         LeaseState::Lost(reason) => Some(Err(AcquireError::Lost(reason))),
         _ => Some(Err(AcquireError::DriverStopped)),
     }
+}
+
+/// The wait bound ran out with an attempt in flight (or its answer not yet handled):
+/// the term ends now, as for a cancelled acquire. The core then sends a release,
+/// since the attempt may have been granted; the driver stops awaiting the attempt
+/// and the release goes out after it, so a grant it got is deleted instead of
+/// blocking the next contender for a TTL. `Busy` if an attempt of this acquire found
+/// the key held (with the holder it named), `Unavailable(Timeout)` otherwise.
+fn timed_out(shared: &Shared) -> Result<(), AcquireError> {
+    let (_, _, holder, _) = shared.acquire_view();
+    shared.request_release(trace::ReleaseWhy::AcquireTimedOut);
+    crate::metrics::acquire_timed_out(holder.is_some());
+    let reason = if holder.is_some() {
+        "the key is held by another owner"
+    } else {
+        "no answer within the wait bound"
+    };
+    trace::acquire_timed_out(&shared.key, shared.token(), reason);
+    Err(match holder {
+        Some(holder) => AcquireError::Busy {
+            holder: Some(holder),
+        },
+        None => AcquireError::Unavailable(Indeterminate::Timeout),
+    })
 }
 
 /// Releases the attempt if the acquire future is dropped before it completes.

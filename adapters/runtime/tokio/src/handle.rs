@@ -24,11 +24,11 @@ use crate::{trace, LeaseClock, LeaseEnd, LeaseState, LeaseStats, TimedEvent};
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
 /// use std::sync::Arc;
-/// use leasehold::{Config, Duration};
+/// use std::time::Duration;
 /// use leasehold_tokio::{acquire, memory::MemoryService};
 ///
 /// let service = Arc::new(MemoryService::new());
-/// let config = Config::builder(Duration::from_secs(3)).build().unwrap();
+/// let config = leasehold_tokio::config(Duration::from_secs(3)).build().unwrap();
 /// let lease = acquire(service, "orders", config).await.unwrap();
 ///
 /// // Before each write: the fence to write with, only while writes may happen.

@@ -8,6 +8,7 @@
 #![doc = document_features::document_features!()]
 
 mod acquire;
+mod config;
 mod election;
 mod handle;
 pub mod memory;
@@ -30,11 +31,19 @@ pub use election::{
 pub use leasehold_driver::random_owner;
 // The core and driver types a tokio user needs, so that `leasehold-tokio` (plus a
 // service crate) is the only dependency to add.
+//
+// Durations: everything a tokio user passes is `std::time::Duration` (a lease's
+// config through [`config`]). The core's own `no_std` duration is not re-exported
+// under the name `Duration`: it is `leasehold_tokio::leasehold::Duration`, for
+// code that talks to the core directly.
+pub use config::{config, ConfigBuilder};
 pub use handle::{CheckError, LeaseHandle};
+/// The core crate, for what this crate does not re-export (its `Lease`, its
+/// microsecond `Duration` and `Instant`, the core's own `ConfigBuilder`).
+pub use leasehold;
 pub use leasehold::{
-    check_key, AcquireFailure, Config, ConfigBuilder, ConfigError, Duration, Fence, FenceGate,
-    GateError, Holder, Identity, Instant, KeyError, LossReason, Owner, OwnerToken, Refusal,
-    StaleFence, Stats,
+    check_key, AcquireFailure, Config, ConfigError, Fence, FenceGate, GateError, Holder, Identity,
+    Instant, KeyError, LossReason, Owner, OwnerToken, Refusal, StaleFence, Stats,
 };
 pub use leasehold_driver::LockService;
 pub use set::LeaseSet;

@@ -59,6 +59,7 @@ mod on {
             Event::AcquireFailed {
                 reason,
                 retry_at: None,
+                ..
             } => {
                 let result = match reason {
                     AcquireFailure::HeldByAnother => "busy",
@@ -68,7 +69,7 @@ mod on {
                 };
                 counter!(ACQUIRES, "result" => result).increment(1);
             }
-            Event::Renewed { deadline } => {
+            Event::Renewed { deadline, .. } => {
                 counter!(RENEWALS).increment(1);
                 if let Some(rtt) = rtt {
                     histogram!(RENEWAL_RTT).record(seconds(rtt));
@@ -85,7 +86,7 @@ mod on {
                 };
                 counter!(RENEWAL_FAILURES, "reason" => reason).increment(1);
             }
-            Event::Lost { reason } => {
+            Event::Lost { reason, .. } => {
                 let reason = match reason {
                     LossReason::NotOwner => "not_owner",
                     LossReason::Expired => "expired",
@@ -107,10 +108,17 @@ mod on {
     pub(crate) fn driver_stopped() {
         counter!(LOSSES, "reason" => "driver_stopped").increment(1);
     }
+
+    /// The acquire's hard wait bound ran out with an attempt in flight: the core
+    /// saw a release, not a final failure, so the acquire is counted here.
+    pub(crate) fn acquire_timed_out(busy: bool) {
+        let result = if busy { "busy" } else { "unavailable" };
+        counter!(ACQUIRES, "result" => result).increment(1);
+    }
 }
 
 #[cfg(feature = "metrics")]
-pub(crate) use on::{driver_stopped, event, held};
+pub(crate) use on::{acquire_timed_out, driver_stopped, event, held};
 
 #[cfg(not(feature = "metrics"))]
 pub(crate) fn event(_: &str, _: &TimedEvent, _: Option<Duration>) {}
@@ -118,3 +126,5 @@ pub(crate) fn event(_: &str, _: &TimedEvent, _: Option<Duration>) {}
 pub(crate) fn held(_: f64) {}
 #[cfg(not(feature = "metrics"))]
 pub(crate) fn driver_stopped() {}
+#[cfg(not(feature = "metrics"))]
+pub(crate) fn acquire_timed_out(_: bool) {}

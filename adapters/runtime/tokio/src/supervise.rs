@@ -134,10 +134,11 @@ impl fmt::Display for SuperviseEnd {
 /// # async fn main() {
 /// use std::sync::Arc;
 /// use leasehold_tokio::memory::MemoryService;
-/// use leasehold_tokio::{supervise, Config, Duration, SuperviseEnd, SuperviseOptions, Term};
+/// use std::time::Duration;
+/// use leasehold_tokio::{supervise, SuperviseEnd, SuperviseOptions, Term};
 ///
 /// let service = Arc::new(MemoryService::new());
-/// let config = Config::builder(Duration::from_secs(3)).build().unwrap();
+/// let config = leasehold_tokio::config(Duration::from_secs(3)).build().unwrap();
 /// let shutdown = tokio::time::sleep(std::time::Duration::from_secs(10));
 /// let end = supervise(service, "orders", config, SuperviseOptions::new(), shutdown, |term: Term| async move {
 ///     while let Ok(fence) = term.handle.check() {

@@ -31,6 +31,8 @@ pub(crate) enum ReleaseWhy {
     LastHandleDropped,
     /// The acquire future was dropped before it completed.
     AcquireCancelled,
+    /// The acquire's wait bound ran out with an attempt in flight.
+    AcquireTimedOut,
 }
 
 #[cfg(feature = "tracing")]
@@ -134,6 +136,12 @@ mod on {
         debug!(target: TARGET, key, %token, ?why, "release requested: writes stopped");
     }
 
+    /// The hard wait bound ran out with an attempt in flight (the core, which saw a
+    /// release, reports no final failure).
+    pub(crate) fn acquire_timed_out(key: &str, token: OwnerToken, reason: &str) {
+        info!(target: TARGET, key, %token, reason, "acquire gave up at its wait bound");
+    }
+
     pub(crate) fn driver_stopped(key: &str, token: OwnerToken) {
         error!(
             target: TARGET,
@@ -144,7 +152,7 @@ mod on {
 }
 
 #[cfg(feature = "tracing")]
-pub(crate) use on::{driver_stopped, event, lease_span, release_requested};
+pub(crate) use on::{acquire_timed_out, driver_stopped, event, lease_span, release_requested};
 
 #[cfg(not(feature = "tracing"))]
 pub(crate) fn event(_: &str, _: OwnerToken, _: &TimedEvent, _: Option<Duration>) {}
@@ -152,3 +160,5 @@ pub(crate) fn event(_: &str, _: OwnerToken, _: &TimedEvent, _: Option<Duration>)
 pub(crate) fn release_requested(_: &str, _: OwnerToken, _: ReleaseWhy) {}
 #[cfg(not(feature = "tracing"))]
 pub(crate) fn driver_stopped(_: &str, _: OwnerToken) {}
+#[cfg(not(feature = "tracing"))]
+pub(crate) fn acquire_timed_out(_: &str, _: OwnerToken, _: &str) {}

@@ -67,8 +67,10 @@ impl EtcdLockService {
         key: &str,
         token: OwnerToken,
         identity: &Identity,
-        ttl: Duration,
+        ttl: impl Into<Duration>,
     ) -> Result<Acquired, EtcdLockError> {
+        // std's `Duration` or the core's.
+        let ttl: Duration = ttl.into();
         self.check_key(Op::Read, key)?;
         self.within_max_ttl(Op::Grant, key, ttl)?;
         let secs = ttl_secs(ttl).ok_or_else(|| {

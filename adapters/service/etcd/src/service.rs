@@ -204,9 +204,11 @@ impl Builder {
         self
     }
 
-    /// Bound on each etcd call. Default 5 s. A lease driven by `leasehold-driver`
-    /// also drops a request after its own request timeout; this bound is for the
-    /// typed calls and anything else that awaits the service directly.
+    /// Bound on each etcd call. Default 5 s; `Duration::MAX` for no bound (the same
+    /// type and meaning as Redis's and PostgreSQL's `request_timeout`). A lease
+    /// driven by `leasehold-driver` also drops a request after its own request
+    /// timeout; this bound is for the typed calls and anything else that awaits the
+    /// service directly.
     pub fn request_timeout(mut self, timeout: std::time::Duration) -> Self {
         self.request_timeout = timeout;
         self
@@ -566,10 +568,15 @@ impl EtcdLockService {
     }
 
     /// The same service (same channel, same table of grants) with another bound on
-    /// each etcd call.
+    /// each etcd call (`Duration::MAX`: none).
     pub fn with_request_timeout(mut self, timeout: std::time::Duration) -> Self {
         self.request_timeout = timeout;
         self
+    }
+
+    /// The bound on each etcd call (`Duration::MAX`: none).
+    pub fn request_timeout(&self) -> std::time::Duration {
+        self.request_timeout
     }
 
     /// The same service with another first pause before a failed revocation watch is

@@ -161,8 +161,10 @@ impl Builder {
         self
     }
 
-    /// Bound on each request, connecting included (default 2 s). A connection that
-    /// answered nothing for this long while requests wait on it is replaced.
+    /// Bound on each request, connecting included (default 2 s); `Duration::MAX` for
+    /// no bound (the same type and meaning as Redis's and etcd's `request_timeout`).
+    /// A connection that answered nothing for this long while requests wait on it is
+    /// replaced.
     pub fn request_timeout(mut self, timeout: std::time::Duration) -> Self {
         self.request_timeout = timeout;
         self
@@ -465,8 +467,10 @@ impl PostgresLockService {
         key: &str,
         token: OwnerToken,
         identity: &Identity,
-        ttl: Duration,
+        ttl: impl Into<Duration>,
     ) -> Result<Acquired, PostgresLockError> {
+        // std's `Duration` or the core's.
+        let ttl: Duration = ttl.into();
         self.check_key(Op::Acquire, key)?;
         self.check_ttl(Op::Acquire, key, ttl)?;
         let owner = token.encode();
@@ -553,8 +557,10 @@ impl PostgresLockService {
         key: &str,
         token: OwnerToken,
         fence: Fence,
-        ttl: Duration,
+        ttl: impl Into<Duration>,
     ) -> Result<Renewed, PostgresLockError> {
+        // std's `Duration` or the core's.
+        let ttl: Duration = ttl.into();
         self.check_key(Op::Renew, key)?;
         self.check_ttl(Op::Renew, key, ttl)?;
         let Ok(fence) = i64::try_from(fence.0) else {

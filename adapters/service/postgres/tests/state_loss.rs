@@ -188,7 +188,7 @@ fn a_ttl_above_max_ttl_is_a_final_refusal() {
         );
         assert!(matches!(
             service
-                .try_acquire("k", token(1), &Identity::EMPTY, QUARANTINE.into())
+                .try_acquire("k", token(1), &Identity::EMPTY, QUARANTINE)
                 .await,
             Ok(Acquired::Granted { .. })
         ));

@@ -174,7 +174,7 @@ impl Peers {
             .await
             .expect("connect leasehold-redis")
             .with_max_ttl(StdDuration::from_millis(TTL_MS))
-            .with_request_timeout(Some(TIMEOUT));
+            .with_request_timeout(TIMEOUT);
         let token = Owner([0x42; 16]).token(Term(1));
         let mut raw = redis::Client::open(url.as_str())
             .expect("url")
@@ -201,7 +201,7 @@ impl Peers {
         let leasehold_mux = RedisLockService::from_connection(mux)
             .await
             .expect("leasehold on a multiplexed connection")
-            .with_request_timeout(Some(TIMEOUT))
+            .with_request_timeout(TIMEOUT)
             .with_max_ttl(StdDuration::from_millis(TTL_MS));
         let rslock = rslock::LockManager::new(vec![url]);
         let max = LEASES.iter().copied().max().unwrap_or(0);

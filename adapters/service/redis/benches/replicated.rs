@@ -49,7 +49,7 @@ fn main() {
     local.block_on(&runtime, async {
         let connect = |replicas: u32| {
             RedisLockService::builder(primary.url())
-                .request_timeout(Some(StdDuration::from_secs(1)))
+                .request_timeout(StdDuration::from_secs(1))
                 .max_ttl(StdDuration::from_millis(TTL_MS))
                 .min_replicas(replicas)
                 .connect()

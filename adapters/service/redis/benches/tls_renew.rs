@@ -55,7 +55,7 @@ fn main() {
     let mut rows = Vec::new();
     run_local(async {
         let plain = RedisLockService::builder(server.url())
-            .request_timeout(Some(TIMEOUT))
+            .request_timeout(TIMEOUT)
             .max_ttl(StdDuration::from_millis(TTL_MS))
             .connect()
             .await
@@ -66,7 +66,7 @@ fn main() {
         ))
         .tls_root_cert(read(&tls.ca))
         .tls_client_cert(read(&tls.client_cert), read(&tls.client_key))
-        .request_timeout(Some(TIMEOUT))
+        .request_timeout(TIMEOUT)
         .max_ttl(StdDuration::from_millis(TTL_MS))
         .connect()
         .await

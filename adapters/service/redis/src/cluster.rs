@@ -161,7 +161,7 @@ impl RedisLockService<ClusterConnection> {
         let conn = ClusterConnection { router };
         RedisLockService::loaded(conn, &endpoint, EpochScope::Slot)
             .await
-            .map(|s| s.with_request_timeout(Some(Duration::from_secs(1))))
+            .map(|s| s.with_request_timeout(Duration::from_secs(1)))
     }
 }
 

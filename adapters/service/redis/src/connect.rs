@@ -12,7 +12,7 @@ use crate::service::RedisLockService;
 #[must_use]
 pub struct Builder {
     url: String,
-    request_timeout: Option<std::time::Duration>,
+    request_timeout: std::time::Duration,
     max_ttl: std::time::Duration,
     min_replicas: u32,
     max_in_flight: usize,
@@ -35,7 +35,7 @@ impl RedisLockService {
     pub fn builder(url: impl Into<String>) -> Builder {
         Builder {
             url: url.into(),
-            request_timeout: Some(std::time::Duration::from_secs(1)),
+            request_timeout: std::time::Duration::from_secs(1),
             max_ttl: crate::DEFAULT_MAX_TTL,
             min_replicas: 0,
             max_in_flight: crate::MAX_IN_FLIGHT,
@@ -89,9 +89,10 @@ impl Builder {
     }
 
     /// Bound on each typed call, including the wait for a reconnection (default 1 s);
-    /// `None` for no bound. The lease's driver bounds requests with its own
-    /// `request_timeout` anyway.
-    pub fn request_timeout(mut self, timeout: Option<std::time::Duration>) -> Self {
+    /// `Duration::MAX` for no bound (the same type and meaning as etcd's and
+    /// PostgreSQL's `request_timeout`). The lease's driver bounds requests with its
+    /// own `request_timeout` anyway.
+    pub fn request_timeout(mut self, timeout: std::time::Duration) -> Self {
         self.request_timeout = timeout;
         self
     }
@@ -162,7 +163,7 @@ impl Builder {
         // Loading the scripts is bounded too: a server that accepted the connection
         // and then stopped answering (SIGSTOP, a hung host) must not hang `connect`.
         // Without a request timeout, the connect timeout bounds it.
-        let bound = self.request_timeout.unwrap_or(self.connect_timeout);
+        let bound = crate::service::bound(self.request_timeout).unwrap_or(self.connect_timeout);
         let loaded =
             tokio::time::timeout(bound, RedisLockService::from_connection_at(conn, &endpoint))
                 .await

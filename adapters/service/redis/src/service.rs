@@ -232,11 +232,17 @@ where
         }
     }
 
-    /// Bounds every typed call by `timeout` (`None`: unbounded).
+    /// Bounds every typed call by `timeout` (`Duration::MAX`: unbounded, which a
+    /// service made from a connection is until this is called).
     #[must_use]
-    pub fn with_request_timeout(mut self, timeout: Option<std::time::Duration>) -> Self {
-        self.request_timeout = timeout;
+    pub fn with_request_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.request_timeout = bound(timeout);
         self
+    }
+
+    /// The bound on every typed call (`Duration::MAX`: none).
+    pub fn request_timeout(&self) -> std::time::Duration {
+        self.request_timeout.unwrap_or(std::time::Duration::MAX)
     }
 
     /// The longest TTL an acquire may ask for (default [`DEFAULT_MAX_TTL`], 30 s); a
@@ -357,8 +363,10 @@ where
         name: &str,
         token: OwnerToken,
         identity: &Identity,
-        ttl: Duration,
+        ttl: impl Into<Duration>,
     ) -> Result<Acquired, RedisLockError> {
+        // std's `Duration` or the core's.
+        let ttl: Duration = ttl.into();
         let op = Op::Acquire;
         let name = checked(op, name)?;
         self.within_max_ttl(op, ttl)?;
@@ -483,8 +491,10 @@ where
         name: &str,
         token: OwnerToken,
         fence: Fence,
-        ttl: Duration,
+        ttl: impl Into<Duration>,
     ) -> Result<Renewed, RedisLockError> {
+        // std's `Duration` or the core's.
+        let ttl: Duration = ttl.into();
         let op = Op::Renew;
         let name = checked(op, name)?;
         self.within_max_ttl(op, ttl)?;
@@ -834,4 +844,26 @@ fn fenced_keys_of(op: Op, name: &str) -> Result<FencedKeys, RedisLockError> {
         key: name.to_owned(),
         error,
     })
+}
+
+/// A request timeout as the service keeps it: `None` for `Duration::MAX`, no bound.
+pub(crate) fn bound(timeout: std::time::Duration) -> Option<std::time::Duration> {
+    (timeout != std::time::Duration::MAX).then_some(timeout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `request_timeout(Duration::MAX)` is what `None` was: no bound.
+    #[test]
+    fn the_largest_request_timeout_is_no_bound() {
+        let second = std::time::Duration::from_secs(1);
+        assert_eq!(bound(std::time::Duration::MAX), None);
+        assert_eq!(bound(second), Some(second));
+        assert_eq!(
+            bound(std::time::Duration::ZERO),
+            Some(std::time::Duration::ZERO)
+        );
+    }
 }

@@ -13,7 +13,7 @@ use leasehold_test_support::RedisServer;
 async fn redis_keeps_the_contract() {
     let server = RedisServer::start();
     let service = RedisLockService::builder(server.url())
-        .request_timeout(Some(StdDuration::from_secs(2)))
+        .request_timeout(StdDuration::from_secs(2))
         .connect()
         .await
         .expect("connect to the test redis-server");
@@ -28,7 +28,7 @@ async fn redis_keeps_the_contract() {
 async fn the_timing_clauses_catch_a_redis_that_expires_early() {
     let server = RedisServer::start();
     let service = RedisLockService::builder(server.url())
-        .request_timeout(Some(StdDuration::from_secs(2)))
+        .request_timeout(StdDuration::from_secs(2))
         .connect()
         .await
         .expect("connect to the test redis-server");

@@ -890,7 +890,7 @@ fn unconfirmed_renewals_do_not_count() {
 /// request timeout (the lease's own, TTL/10) that bounds each `WAIT`.
 async fn replicated_service(url: &str, replicas: u32) -> RedisLockService {
     RedisLockService::builder(url)
-        .request_timeout(Some(std_ms(300)))
+        .request_timeout(std_ms(300))
         .max_ttl(std_ms(3_000))
         .min_replicas(replicas)
         .connect()
@@ -988,7 +988,7 @@ fn min_replicas_above_the_replicas() {
             "{text}"
         );
         let lazy = RedisLockService::builder(primary.url())
-            .request_timeout(Some(std_ms(200)))
+            .request_timeout(std_ms(200))
             .max_ttl(std_ms(1_000))
             .min_replicas(2)
             .connect_lazily()

@@ -329,7 +329,7 @@ fn redis_stopped_after_connect_is_indeterminate_within_the_request_timeout() {
     run_local(async {
         let timeout = std_ms(1_000);
         let service = RedisLockService::builder(server.url())
-            .request_timeout(Some(timeout))
+            .request_timeout(timeout)
             .connect()
             .await
             .unwrap();
@@ -394,7 +394,7 @@ fn connect_to_a_stopped_redis_fails_within_its_bounds() {
         let started = StdInstant::now();
         let result = RedisLockService::builder(server.url())
             .connect_timeout(connect)
-            .request_timeout(Some(request))
+            .request_timeout(request)
             .reconnect_backoff(std_ms(10), std_ms(10), 0)
             .connect()
             .await;
@@ -551,7 +551,7 @@ fn failures_are_logged_with_tracing() {
         run_local(async {
             let proxy = Proxy::start(server.port()).await;
             let service = RedisLockService::builder(proxy_url(&proxy))
-                .request_timeout(Some(std_ms(100)))
+                .request_timeout(std_ms(100))
                 .connect()
                 .await
                 .unwrap();

@@ -631,7 +631,7 @@ fn stalled_server_sees_at_most(bound: Option<usize>) {
     let server = RedisServer::start();
     run_local(async {
         let mut builder = RedisLockService::builder(server.url())
-            .request_timeout(Some(std_ms(300)))
+            .request_timeout(std_ms(300))
             .max_ttl(std_ms(60_000));
         if let Some(bound) = bound {
             builder = builder.max_in_flight(bound);

@@ -26,7 +26,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 async fn quarantined_service(url: &str) -> RedisLockService {
     RedisLockService::builder(url)
-        .request_timeout(Some(std_ms(1_000)))
+        .request_timeout(std_ms(1_000))
         .max_ttl(QUARANTINE)
         .connect_lazily()
         .await
@@ -155,7 +155,7 @@ fn a_ttl_above_max_ttl_is_a_final_refusal() {
         );
         assert!(matches!(
             service
-                .try_acquire("k", token, &Identity::EMPTY, QUARANTINE.into())
+                .try_acquire("k", token, &Identity::EMPTY, QUARANTINE)
                 .await,
             Ok(Acquired::Granted { .. })
         ));
@@ -176,7 +176,7 @@ fn kill_9_restart_without_persistence_never_lets_two_holders_pass_check() {
         let url = server.lock().unwrap().url();
         let service = Arc::new(
             RedisLockService::builder(&url)
-                .request_timeout(Some(std_ms(500)))
+                .request_timeout(std_ms(500))
                 .max_ttl(std_ms(TTL_MS))
                 .connect_lazily()
                 .await

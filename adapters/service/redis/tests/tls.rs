@@ -285,7 +285,7 @@ async fn redis_keeps_the_contract_over_mutual_tls() {
         server.tls_port().unwrap()
     );
     let service = mutual(&url, &tls)
-        .request_timeout(Some(StdDuration::from_secs(2)))
+        .request_timeout(StdDuration::from_secs(2))
         .connect()
         .await
         .expect("mutual TLS");

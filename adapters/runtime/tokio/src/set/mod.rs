@@ -52,11 +52,11 @@ use wake::{Inbox, Registration};
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
 /// use std::sync::Arc;
-/// use leasehold::{Config, Duration};
+/// use std::time::Duration;
 /// use leasehold_tokio::{memory::MemoryService, LeaseSet};
 ///
 /// let service = Arc::new(MemoryService::new());
-/// let config = Config::builder(Duration::from_secs(3)).build().unwrap();
+/// let config = leasehold_tokio::config(Duration::from_secs(3)).build().unwrap();
 /// let set = LeaseSet::new(service, config);
 /// let mut leases = Vec::new();
 /// for tenant in 0..1_000 {

@@ -453,14 +453,18 @@ async fn a_wait_bound_ends_an_acquire_against_a_service_that_never_answers() {
         AcquireError::Unavailable(leasehold::Indeterminate::Timeout)
     );
     assert!(!err.is_final(), "the service may answer a later acquire");
-    // Every attempt is sent before 500 ms, and the last one's request timeout (90 ms)
-    // bounds the rest; it gives up once the next retry (22.5 to 67.5 ms after a
-    // failure) would fall at or after 500 ms.
+    // Every attempt is sent before 500 ms; it gives up once the next retry (22.5 to
+    // 67.5 ms after a failure) would fall at or after 500 ms, or at 500 ms with an
+    // attempt in flight (the bound is hard: its request timeout is not awaited).
     assert!(
-        (432..=590).contains(&timeline.now_ms()),
+        (432..=500).contains(&timeline.now_ms()),
         "{}",
         timeline.now_ms()
     );
+    // The driver sends the release when it next runs, at the same instant.
+    let gave_up = timeline.now_us();
+    tokio::task::yield_now().await;
+    assert_eq!(timeline.now_us(), gave_up);
     // The core schedules no attempt at or after 500 ms; tokio's timer fires on whole
     // milliseconds, so one scheduled at 499.4 ms goes out at 500 ms.
     assert!(service
@@ -498,6 +502,105 @@ async fn waiting_for_a_held_key_ends_at_the_bound_with_the_holder() {
     assert!(holder.remaining <= leasehold::Duration::from_millis(900));
     assert!(timeline.now_ms() <= 300, "{}", timeline.now_ms());
     assert!(err.to_string().starts_with("the key is held by "), "{err}");
+}
+
+// ----- the wait bound is hard -----
+
+/// A client whose every request takes 200 ms there and back (100 ms each way), with a
+/// 3 s TTL (request timeout 300 ms): an attempt is in flight for 200 ms.
+const SLOW: Owner = Owner([0x51; 16]);
+
+fn slow_config() -> Config {
+    leasehold_tokio::config(ms(3_000))
+        .retry_interval(ms(20))
+        .build()
+        .unwrap()
+}
+
+/// The attempt sent at 0 reaches the service at 100 ms and is granted; its answer
+/// would come back at 200 ms, after the bound (150 ms). The acquire returns at the
+/// bound, and the grant its late answer carries is released: the release sent at
+/// 150 ms lands at 250 ms, and another client gets the key then, not when the
+/// orphaned grant's TTL runs out (3.1 s).
+#[tokio::test(start_paused = true)]
+async fn an_attempt_in_flight_at_the_bound_is_not_awaited_and_its_grant_is_released() {
+    let timeline = Timeline::start();
+    let service = Recording::new();
+    service.set_latency(SLOW, ms(200));
+    let options = AcquireOptions::new().owner(SLOW).max_wait(ms(150));
+    let err = acquire_with(service.clone(), KEY, slow_config(), options)
+        .await
+        .unwrap_err();
+    assert_eq!(timeline.now_us(), 150_000, "returns at the bound exactly");
+    assert_eq!(
+        err,
+        AcquireError::Unavailable(leasehold::Indeterminate::Timeout)
+    );
+    // The in-flight attempt was granted at the service.
+    let grant = service.grant(KEY).expect("granted at 100 ms");
+    assert_eq!(grant.token.owner, SLOW);
+    timeline.until(251).await;
+    // Its release went out at the bound (once the driver ran, at the same instant).
+    let releases = service.sent_ms(&timeline, SLOW.token(leasehold::Term(1)), Kind::Release);
+    assert_eq!(releases, [150]);
+    assert_eq!(service.grant(KEY), None, "the late grant was released");
+    let b = try_acquire(service.clone(), KEY, config(900))
+        .await
+        .unwrap();
+    assert!(b.granted_fence() > grant.fence);
+    assert_eq!(timeline.now_ms(), 251);
+}
+
+/// A held key: the first attempt's answer (held, at 200 ms) is retried 10 to 30 ms
+/// later, and that attempt is in flight at the bound (300 ms): `Busy`, at 300 ms,
+/// naming the holder; the holder keeps its lease.
+#[tokio::test(start_paused = true)]
+async fn waiting_for_a_held_key_ends_at_the_bound_even_with_an_attempt_in_flight() {
+    let timeline = Timeline::start();
+    let service = Recording::new();
+    let a = acquire(service.clone(), KEY, config(900)).await.unwrap();
+    service.set_latency(SLOW, ms(200));
+    let options = AcquireOptions::new().owner(SLOW).max_wait(ms(300));
+    let err = acquire_with(service.clone(), KEY, slow_config(), options)
+        .await
+        .unwrap_err();
+    assert_eq!(timeline.now_us(), 300_000, "returns at the bound exactly");
+    let AcquireError::Busy {
+        holder: Some(holder),
+    } = err
+    else {
+        panic!("{err:?}")
+    };
+    assert_eq!(holder.fence, a.granted_fence());
+    let sent = service.sent_ms(&timeline, SLOW.token(leasehold::Term(1)), Kind::Acquire);
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert_eq!(sent[0], 0);
+    // Its answer would come at 410 to 430 ms.
+    assert!((210..=230).contains(&sent[1]), "{sent:?}");
+    timeline.until(1_000).await;
+    assert!(a.check().is_ok(), "the holder is not disturbed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bound_ends_an_acquire_that_the_service_does_not_answer_at_the_bound() {
+    let timeline = Timeline::start();
+    let service = Recording::new();
+    service.stall(SLOW);
+    let options = AcquireOptions::new().owner(SLOW).max_wait(ms(100));
+    let err = acquire_with(service.clone(), KEY, slow_config(), options)
+        .await
+        .unwrap_err();
+    // Not at the request timeout (300 ms).
+    assert_eq!(timeline.now_us(), 100_000, "returns at the bound exactly");
+    assert_eq!(
+        err,
+        AcquireError::Unavailable(leasehold::Indeterminate::Timeout)
+    );
+    service.unstall(SLOW);
+    let b = try_acquire(service.clone(), KEY, config(900))
+        .await
+        .unwrap();
+    assert!(b.check().is_ok());
 }
 
 #[tokio::test(start_paused = true)]

@@ -361,7 +361,7 @@ pub async fn service(url: &str) -> RedisLockService {
 /// [`service`] with `max_ttl`: the longest TTL it grants, and its quarantine.
 pub async fn service_with_max_ttl(url: &str, max_ttl: StdDuration) -> RedisLockService {
     RedisLockService::builder(url)
-        .request_timeout(Some(std_ms(2_000)))
+        .request_timeout(std_ms(2_000))
         .max_ttl(max_ttl)
         .connect()
         .await
