@@ -48,7 +48,7 @@ pub use leasehold::{
 pub use leasehold_driver::LockService;
 pub use set::LeaseSet;
 pub use state::{LeaseEnd, LeaseState, LeaseStats, TimedEvent};
-pub use supervise::{supervise, SuperviseEnd, SuperviseOptions, Term};
+pub use supervise::{supervise, SuperviseEnd, SuperviseOptions, SupervisedTerm};
 pub use time::LeaseClock;
 /// The token [`Election::run`] stops on and hands to a new leader (re-exported from
 /// `tokio-util`).

@@ -64,7 +64,7 @@ impl SuperviseOptions {
 /// One term of a [`supervise`]d job: what the job gets each time the lease is granted.
 #[derive(Debug)]
 #[non_exhaustive]
-pub struct Term {
+pub struct SupervisedTerm {
     /// 1 for the first grant of this supervision, then 2, 3, …
     pub number: u32,
     /// The fence of this term's grant, newer than every earlier term's: for logs and
@@ -135,12 +135,12 @@ impl fmt::Display for SuperviseEnd {
 /// use std::sync::Arc;
 /// use leasehold_tokio::memory::MemoryService;
 /// use std::time::Duration;
-/// use leasehold_tokio::{supervise, SuperviseEnd, SuperviseOptions, Term};
+/// use leasehold_tokio::{supervise, SuperviseEnd, SuperviseOptions, SupervisedTerm};
 ///
 /// let service = Arc::new(MemoryService::new());
 /// let config = leasehold_tokio::config(Duration::from_secs(3)).build().unwrap();
 /// let shutdown = tokio::time::sleep(std::time::Duration::from_secs(10));
-/// let end = supervise(service, "orders", config, SuperviseOptions::new(), shutdown, |term: Term| async move {
+/// let end = supervise(service, "orders", config, SuperviseOptions::new(), shutdown, |term: SupervisedTerm| async move {
 ///     while let Ok(fence) = term.handle.check() {
 ///         // storage.write(fence, ...)
 /// #       let _ = fence;
@@ -164,7 +164,7 @@ pub async fn supervise<S, F, Fut>(
 ) -> SuperviseEnd
 where
     S: LockService + 'static,
-    F: FnMut(Term) -> Fut,
+    F: FnMut(SupervisedTerm) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let grace = options.grace.unwrap_or_else(|| config.ttl().into());
@@ -191,7 +191,7 @@ where
         };
         number = number.saturating_add(1);
         let token = handle.cancellation_token();
-        let term = Term {
+        let term = SupervisedTerm {
             number,
             granted_fence: handle.granted_fence(),
             token: token.clone(),

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use common::{config, ms, Recording, Timeline};
 use leasehold::{Fence, Refusal};
 use leasehold_tokio::memory::{MemoryService, Scope};
-use leasehold_tokio::{supervise, AcquireError, SuperviseEnd, SuperviseOptions, Term};
+use leasehold_tokio::{supervise, AcquireError, SuperviseEnd, SuperviseOptions, SupervisedTerm};
 
 const KEY: &str = "orders";
 
@@ -39,8 +39,8 @@ fn worker(
     timeline: Timeline,
     service: Arc<MemoryService>,
     log: Log,
-) -> impl FnMut(Term) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
-    move |term: Term| {
+) -> impl FnMut(SupervisedTerm) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    move |term: SupervisedTerm| {
         let (service, log) = (service.clone(), log.clone());
         Box::pin(async move {
             let index = {
@@ -165,7 +165,7 @@ async fn a_job_that_returns_while_held_ends_supervision_and_releases() {
         config(900),
         SuperviseOptions::new(),
         std::future::pending(),
-        |term: Term| {
+        |term: SupervisedTerm| {
             let fences = fences.clone();
             async move {
                 tokio::time::sleep(ms(2_000)).await;
@@ -204,7 +204,7 @@ async fn a_job_that_ignores_its_token_is_aborted_after_the_grace_and_the_next_te
         config(900),
         SuperviseOptions::new().grace(ms(100)),
         timeline.until(2_000),
-        |term: Term| {
+        |term: SupervisedTerm| {
             let guard = OnDrop(dropped.clone(), term.number, timeline);
             async move {
                 let _guard = guard;
@@ -234,7 +234,7 @@ async fn a_final_refusal_ends_supervision_without_running_the_job() {
         config(900),
         SuperviseOptions::new(),
         std::future::pending(),
-        |_: Term| async { panic!("the job must not run") },
+        |_: SupervisedTerm| async { panic!("the job must not run") },
     )
     .await;
     assert_eq!(
@@ -256,7 +256,7 @@ async fn shutdown_while_waiting_for_a_held_key_returns_at_once_and_leaves_the_ho
         config(900),
         SuperviseOptions::new(),
         timeline.until(1_000),
-        |_: Term| async { panic!("the key is held by another") },
+        |_: SupervisedTerm| async { panic!("the key is held by another") },
     )
     .await;
     assert_eq!(end, SuperviseEnd::Shutdown);
@@ -277,7 +277,7 @@ async fn a_bounded_wait_on_a_held_key_ends_as_busy() {
         config(900),
         SuperviseOptions::new().max_wait(ms(300)),
         std::future::pending(),
-        |_: Term| async { panic!("the key is held by another") },
+        |_: SupervisedTerm| async { panic!("the key is held by another") },
     )
     .await;
     assert!(
@@ -297,7 +297,7 @@ async fn a_job_that_releases_its_lease_gets_a_new_term_after_the_release_back_of
         config(900),
         SuperviseOptions::new(),
         timeline.until(1_000),
-        |term: Term| {
+        |term: SupervisedTerm| {
             let started = started.clone();
             async move {
                 started

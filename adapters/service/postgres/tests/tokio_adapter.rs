@@ -11,7 +11,7 @@ use common::*;
 use leasehold::Fence;
 use leasehold_postgres::PostgresLockService;
 use leasehold_test_support::election::{five_candidates_scenario, Scenario};
-use leasehold_tokio::{supervise, LeaseSet, SuperviseEnd, SuperviseOptions, Term};
+use leasehold_tokio::{supervise, LeaseSet, SuperviseEnd, SuperviseOptions, SupervisedTerm};
 
 const TTL_MS: u64 = 1_000;
 
@@ -65,7 +65,7 @@ fn a_supervised_job_runs_term_after_term_and_the_shutdown_releases_the_key() {
         let second = Mutex::new(Some(second));
         let job = {
             let terms = Arc::clone(&terms);
-            move |term: Term| {
+            move |term: SupervisedTerm| {
                 let mut started = terms.lock().unwrap();
                 started.push((term.number, term.granted_fence));
                 if started.len() == 2 {
