@@ -260,9 +260,9 @@ mod lease {
     use embassy_time::Timer;
     use leasehold::{AcquireOutcome, Fence, Term};
 
-    use leasehold_gateway::Op;
     use crate::report::{bump, COUNTERS};
     use crate::{identity, spawn, KEY, LINK, OWNER, TTL};
+    use leasehold_gateway::Op;
 
     static FENCE: AtomicU32 = AtomicU32::new(0);
     static RELEASE: AtomicU32 = AtomicU32::new(0);

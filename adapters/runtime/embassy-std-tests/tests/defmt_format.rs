@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use leasehold_embassy::leasehold::{
     AcquireFailure, AcquireOutcome, Action, AlreadyActive, Budget, BudgetPart, Config,
-    ConfigBuilder, ConfigError, Duration, Event, Fence, FenceGate, GateError, GateStatus, Holder,
-    HolderOutcome, Identity, IdentityError, Indeterminate, Instant, KeyError, LossReason,
-    NotActive, Owner, Refusal, ReleaseOutcome, RenewOutcome, RequestId, Response, StaleFence,
-    Handled, Lease, State, Stats, Term, WriteGate,
+    ConfigBuilder, ConfigError, Duration, Event, Fence, FenceGate, GateError, GateStatus, Handled,
+    Holder, HolderOutcome, Identity, IdentityError, Indeterminate, Instant, KeyError, Lease,
+    LossReason, NotActive, Owner, Refusal, ReleaseOutcome, RenewOutcome, RequestId, Response,
+    StaleFence, State, Stats, Term, WriteGate,
 };
 use leasehold_embassy::{EmbassyClock, LeaseShared, Report, TermEnd};
 
