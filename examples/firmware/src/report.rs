@@ -95,12 +95,12 @@ mod semihosting {
                 deadline.as_micros() / 1_000,
                 t
             ),
-            Event::Renewed { deadline } => hprintln!(
+            Event::Renewed { deadline, .. } => hprintln!(
                 "event=renewed deadline_ms={} t_ms={}",
                 deadline.as_micros() / 1_000,
                 t
             ),
-            Event::Lost { reason } => hprintln!("event=lost reason={:?} t_ms={}", reason, t),
+            Event::Lost { reason, .. } => hprintln!("event=lost reason={:?} t_ms={}", reason, t),
             other => hprintln!("event=other {:?} t_ms={}", other, t),
         }
     }
