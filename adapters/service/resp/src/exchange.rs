@@ -175,7 +175,7 @@ impl<'c> Exchange<'c> {
             (Step::Auth, Reply::Error(_)) => return Err(Fault::AuthRefused),
             (Step::Load, Reply::Error(_)) => return Err(Fault::Server),
             (Step::Load, Reply::Scalar(Scalar::Bulk(Some(answer)))) => {
-                if script.map_or(true, |(_, sha)| !resp::same(answer, sha.as_bytes())) {
+                if script.is_none_or(|(_, sha)| !resp::same(answer, sha.as_bytes())) {
                     return Err(Fault::Protocol(ProtocolError::WrongSha));
                 }
             }

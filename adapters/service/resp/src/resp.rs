@@ -173,7 +173,7 @@ fn number(text: &[u8]) -> Result<i64, Partial> {
 /// A positive `u64` written in decimal without a leading zero (a fence, exact
 /// beyond 2^53).
 pub(crate) fn fence_digits(text: &[u8]) -> Option<u64> {
-    if text.first().map_or(true, |&d| d == b'0') {
+    if text.first().is_none_or(|&d| d == b'0') {
         return None;
     }
     text.iter().try_fold(0u64, |value, &d| {
