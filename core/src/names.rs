@@ -343,7 +343,19 @@ impl Holder {
         }
     }
 
-    /// Whether this is a quarantine ([`Holder::quarantine`]) rather than a holder.
+    /// What a fair (first-in, first-out) service answers a contender while the key is
+    /// free but another contender, `identity`, has the turn: nobody holds the key
+    /// (fence 0), and the turn lasts `remaining` unless that contender asks again.
+    pub const fn turn_of(identity: Identity, remaining: Duration) -> Holder {
+        Holder {
+            identity,
+            fence: Fence(0),
+            remaining,
+        }
+    }
+
+    /// Whether no grant holds the key (fence 0): a quarantine ([`Holder::quarantine`])
+    /// or another contender's turn ([`Holder::turn_of`]), rather than a holder.
     pub const fn is_quarantine(&self) -> bool {
         self.fence.0 == 0
     }

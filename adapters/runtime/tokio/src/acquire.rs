@@ -129,6 +129,12 @@ impl fmt::Display for AcquireError {
             AcquireError::Refused(why) => {
                 write!(f, "the lock service refused the acquire for good: {why}")
             }
+            AcquireError::Busy { holder: Some(h) } if h.is_quarantine() && !h.identity.is_empty() => write!(
+                f,
+                "the key is free, but it is the turn of {:?}, queued before this contender \
+                 (a fair service grants in arrival order)",
+                h.identity.as_str()
+            ),
             AcquireError::Busy { holder: Some(h) } if h.is_quarantine() => write!(
                 f,
                 "the lock service grants nothing for {} ms more: it is in quarantine, as it \
