@@ -94,7 +94,9 @@ use leasehold::{
 ///   reconnects by the request timeout or a timeout of the service's own.
 ///
 /// [`revoked`](LocalLockService::revoked) lets a service that can see the key (an etcd
-/// watch, a gateway push) end the lease before the next renewal would.
+/// watch, a gateway push) end the lease before the next renewal would;
+/// [`holder_changed`](LocalLockService::holder_changed) lets an observer follow who
+/// holds a key without waiting for its next poll.
 pub trait LocalLockService {
     /// Acquire `key` for `token` (presenting `identity`), for `ttl`.
     fn acquire(
@@ -126,6 +128,19 @@ pub trait LocalLockService {
     /// watch never complete, which is the default.
     fn revoked(&self, key: &str, token: OwnerToken, fence: Fence) -> impl Future<Output = ()> {
         let _ = (key, token, fence);
+        core::future::pending()
+    }
+
+    /// Completes when the holder of `key` may no longer be the one the caller last
+    /// saw: the grant with fence `seen`, or nobody for `None`. It completes at once if
+    /// the holder already differs when it starts, so nothing that changes between the
+    /// caller's [`holder`](Self::holder) query and this call is missed. An observer
+    /// follows who holds a key with it (a leader election's observers) and queries
+    /// [`holder`](Self::holder) when it completes. Services that cannot watch never
+    /// complete, which is the default: their observers poll. A completion without a
+    /// change is allowed (the observer queries once more); a missed change is not.
+    fn holder_changed(&self, key: &str, seen: Option<Fence>) -> impl Future<Output = ()> {
+        let _ = (key, seen);
         core::future::pending()
     }
 }
@@ -169,6 +184,12 @@ pub trait LockService: Send + Sync {
         let _ = (key, token, fence);
         core::future::pending()
     }
+
+    /// See [`LocalLockService::holder_changed`].
+    fn holder_changed(&self, key: &str, seen: Option<Fence>) -> impl Future<Output = ()> + Send {
+        let _ = (key, seen);
+        core::future::pending()
+    }
 }
 
 impl<T: LockService> LocalLockService for T {
@@ -198,5 +219,8 @@ impl<T: LockService> LocalLockService for T {
     }
     fn revoked(&self, key: &str, token: OwnerToken, fence: Fence) -> impl Future<Output = ()> {
         LockService::revoked(self, key, token, fence)
+    }
+    fn holder_changed(&self, key: &str, seen: Option<Fence>) -> impl Future<Output = ()> {
+        LockService::holder_changed(self, key, seen)
     }
 }

@@ -7,6 +7,7 @@
 //! check with: it cannot believe it leads.
 
 use std::fmt;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -114,41 +115,29 @@ impl<S: LockService + 'static> Election<S> {
 
     /// Every change of who leads, as a [`LeaderView`], starting with the current one.
     ///
-    /// Polled: one [`leader`](Self::leader) query every `retry_interval` of the
-    /// config (T/20 by default; the cadence at which campaigning candidates retry, so
-    /// an observer learns of a new leader about as soon as the candidates do). A
-    /// query the service does not answer within the request timeout yields
-    /// [`LeaderView::Unknown`] at once (the last leader is not reported as still
-    /// leading): a stopped server is reported within `retry_interval` +
-    /// `request_timeout`. The stream ends after a final refusal.
+    /// Pushed where the service can watch the key
+    /// ([`holder_changed`](leasehold_driver::LockService::holder_changed): etcd): a
+    /// change is reported one [`leader`](Self::leader) query after the watch event.
+    /// Polled as well, on every service: one [`leader`](Self::leader) query every
+    /// `retry_interval` of the config (T/20 by default; the cadence at which
+    /// campaigning candidates retry), which is how a service that cannot watch
+    /// (Redis, PostgreSQL) is followed. A query the service does not answer within
+    /// the request timeout yields [`LeaderView::Unknown`] at once (the last leader is
+    /// not reported as still leading): a stopped server is reported within
+    /// `retry_interval` + `request_timeout`. The stream ends after a final refusal.
     ///
     /// The stream is [`Unpin`]: `observe().next().await` with
     /// [`StreamExt`](futures_util::StreamExt) needs no `pin!`. Dropping it stops the
-    /// polling.
-    ///
-    /// **Not pushed**: an etcd watch (a change seen without waiting for the next poll)
-    /// is a known gap; every backend is polled.
+    /// polling and the watch.
     pub fn observe(&self) -> LeaderWatch {
-        let election = self.clone();
-        let state = (election, None::<LeaderView>, true);
-        let stream = futures_util::stream::unfold(state, |(election, last, first)| async move {
-            let interval: std::time::Duration = election.config.retry_interval().into();
-            let mut first = first;
-            loop {
-                if !first {
-                    tokio::time::sleep(interval).await;
-                }
-                first = false;
-                let now = match election.leader().await {
-                    Ok(Some(info)) => LeaderView::Led(info),
-                    Ok(None) => LeaderView::Vacant,
-                    Err(ObserveError::Unavailable) => LeaderView::Unknown,
-                    Err(ObserveError::Refused(_)) => return None,
-                };
-                if last != Some(now) {
-                    return Some((now, (election, Some(now), false)));
-                }
-            }
+        let state = Observer {
+            election: self.clone(),
+            last: None,
+            watch: None,
+        };
+        let stream = futures_util::stream::unfold(state, |mut observer| async move {
+            let view = observer.next().await?;
+            Some((view, observer))
         });
         LeaderWatch {
             inner: Box::pin(stream),
@@ -272,6 +261,63 @@ pub trait LeaderCallbacks {
     /// called for [`LeaderView::Unknown`].
     fn new_leader(&mut self, leader: Option<LeaderInfo>) {
         let _ = leader;
+    }
+}
+
+/// [`Election::observe`]'s state: the last view reported, and the watch of the key
+/// for as long as that view stands.
+struct Observer<S> {
+    election: Election<S>,
+    last: Option<LeaderView>,
+    watch: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+}
+
+impl<S: LockService + 'static> Observer<S> {
+    /// The next view that differs from the last one; `None` after a final refusal.
+    async fn next(&mut self) -> Option<LeaderView> {
+        let interval: std::time::Duration = self.election.config.retry_interval().into();
+        loop {
+            if self.last.is_some() {
+                let tick = tokio::time::sleep(interval);
+                match self.watch.as_mut() {
+                    Some(watch) => {
+                        tokio::select! {
+                            () = tick => {}
+                            () = watch => self.watch = None,
+                        }
+                    }
+                    None => tick.await,
+                }
+            }
+            let now = match self.election.leader().await {
+                Ok(Some(info)) => LeaderView::Led(info),
+                Ok(None) => LeaderView::Vacant,
+                Err(ObserveError::Unavailable) => LeaderView::Unknown,
+                Err(ObserveError::Refused(_)) => return None,
+            };
+            if self.last != Some(now) || self.watch.is_none() {
+                self.watch = self.watch_from(now);
+            }
+            if self.last != Some(now) {
+                self.last = Some(now);
+                return Some(now);
+            }
+        }
+    }
+
+    /// A watch for a change from `view` (none while the service cannot be read: the
+    /// polling finds out when it can).
+    fn watch_from(&self, view: LeaderView) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>> {
+        let seen = match view {
+            LeaderView::Unknown => return None,
+            LeaderView::Vacant => None,
+            LeaderView::Led(info) => Some(info.fence),
+        };
+        let service = Arc::clone(&self.election.service);
+        let key = self.election.key.clone();
+        Some(Box::pin(
+            async move { service.holder_changed(&key, seen).await },
+        ))
     }
 }
 

@@ -37,6 +37,8 @@ pub enum Op {
     Holder,
     /// The revocation watch (its initial read, or the watch stream).
     Watch,
+    /// The holder watch of an observer (its initial read, or the watch stream).
+    HolderWatch,
     /// [`raise_fence`](crate::EtcdLockService::raise_fence): a read of the fence
     /// counter, then a compare-and-put.
     RaiseFence,
@@ -59,6 +61,7 @@ impl fmt::Display for Op {
             Op::Revoke => "lease revoke",
             Op::Holder => "holder query",
             Op::Watch => "revocation watch",
+            Op::HolderWatch => "holder watch",
             Op::RaiseFence => "raise fence",
             Op::Quarantine => "quarantine (start)",
         })

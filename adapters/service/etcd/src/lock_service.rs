@@ -5,6 +5,8 @@ use leasehold::{
     AcquireOutcome, Duration, Fence, HolderOutcome, Identity, OwnerToken, ReleaseOutcome,
     RenewOutcome,
 };
+use std::future::Future;
+
 use leasehold_driver::LockService;
 
 use crate::error::{ErrorKind, EtcdLockError};
@@ -131,15 +133,33 @@ impl LockService for EtcdLockService {
     /// retried after a pause that doubles from the configured `watch_retry` up to
     /// 16× it; it never completes for an error.
     async fn revoked(&self, key: &str, token: OwnerToken, fence: Fence) {
+        let Revoked { why, revision } = self
+            .watching(key, || self.watch_revocation(key, token, fence))
+            .await;
+        tracing::info!(key, %token, %fence, ?why, revision, "watch: the grant is gone");
+    }
+
+    async fn holder_changed(&self, key: &str, seen: Option<Fence>) {
+        let revision = self.watching(key, || self.watch_holder(key, seen)).await;
+        tracing::debug!(key, ?seen, revision, "watch: the holder changed");
+    }
+}
+
+impl EtcdLockService {
+    /// Runs the watch `watch` until it answers; after a failure (the read or the stream
+    /// failed, etcd cancelled the watch) watches again after `watch_retry`, doubling
+    /// up to 16 times that.
+    async fn watching<T, F: Future<Output = Result<T, EtcdLockError>>>(
+        &self,
+        key: &str,
+        watch: impl Fn() -> F,
+    ) -> T {
         let mut pause = self.watch_retry;
         loop {
-            match self.watch_revocation(key, token, fence).await {
-                Ok(Revoked { why, revision }) => {
-                    tracing::info!(key, %token, %fence, ?why, revision, "watch: the grant is gone");
-                    return;
-                }
+            match watch().await {
+                Ok(answer) => return answer,
                 Err(err) => {
-                    tracing::debug!(key, %token, op = %err.op(), error = %err, retry_in = ?pause, "revocation watch failed; watching again");
+                    tracing::debug!(key, op = %err.op(), error = %err, retry_in = ?pause, "watch failed; watching again");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(self.watch_retry * 16);
                 }

@@ -758,10 +758,62 @@ impl EtcdLockService {
         // From here on, still the grant only on the creation just read.
         let ours = |kv: &PbKeyValue| kv.create_revision == created && grant(kv);
 
-        let options = etcd_client::WatchOptions::new().with_start_revision(read_at + 1);
-        // Creating the stream is bounded; the stream itself lives as long as the grant.
+        self.watch_from(Op::Watch, key, read_at + 1, |put, kv| {
+            match put {
+                // PUT: still ours only if it is our value on our creation.
+                true if ours(kv) => None,
+                true => Some(Revoked {
+                    why: NotHeld::KeyTaken,
+                    revision: kv.mod_revision,
+                }),
+                false => Some(Revoked {
+                    why: NotHeld::KeyGone,
+                    revision: kv.mod_revision,
+                }),
+            }
+        })
+        .await
+    }
+
+    /// Watches `key` until its holder is no longer the grant with fence `seen` (or,
+    /// for `None`, until anyone holds it): returns the revision of the change.
+    ///
+    /// First reads the key (already changed → answers at once), then watches it from
+    /// the revision after that read, so nothing in between is missed. A put that keeps
+    /// the fence (a re-grant to the same owner) is not a change. Returns an error if
+    /// the read or the watch stream fails, or etcd cancels the watch.
+    pub async fn watch_holder(&self, key: &str, seen: Option<Fence>) -> Result<i64, EtcdLockError> {
+        let op = Op::HolderWatch;
+        self.check_key(op, key)?;
+        let seen = seen.map(|fence| fence.0);
+        let fence_of = |kv: &PbKeyValue| Stored::parse(&kv.value).map(|stored| stored.fence());
+        let read = self.get(op, key).await?.0;
+        let read_at = read.header.as_ref().map_or(0, |h| h.revision);
+        if read_at <= 0 {
+            return Err(self.protocol(op, key, "a read without a revision"));
+        }
+        if read.kvs.first().and_then(fence_of) != seen {
+            return Ok(read_at);
+        }
+        self.watch_from(op, key, read_at + 1, |put, kv| {
+            (!put || fence_of(kv) != seen).then_some(kv.mod_revision)
+        })
+        .await
+    }
+
+    /// Watches `key` from `revision` until `changed` (told whether the event is a put,
+    /// and the key it carries) returns an answer. Creating the stream is bounded by the
+    /// request timeout; the stream itself lives as long as it takes.
+    async fn watch_from<T>(
+        &self,
+        op: Op,
+        key: &str,
+        revision: i64,
+        mut changed: impl FnMut(bool, &PbKeyValue) -> Option<T>,
+    ) -> Result<T, EtcdLockError> {
+        let options = etcd_client::WatchOptions::new().with_start_revision(revision);
         let mut stream = self
-            .call(Op::Watch, key, |mut c| {
+            .call(op, key, |mut c| {
                 let options = options.clone();
                 async move { c.watch(key, Some(options)).await }
             })
@@ -771,42 +823,37 @@ impl EtcdLockService {
                 Ok(Some(answer)) => answer.0,
                 Ok(None) => {
                     return Err(self
-                        .error(Op::Watch, ErrorKind::Transport, key)
+                        .error(op, ErrorKind::Transport, key)
                         .because("the watch stream ended"))
                 }
                 Err(err) => {
                     return Err(
-                        EtcdLockError::from_client(Op::Watch, &self.shared.endpoints, err)
-                            .for_key(key),
+                        EtcdLockError::from_client(op, &self.shared.endpoints, err).for_key(key)
                     )
                 }
             };
             for event in &answer.events {
                 let Some(kv) = event.kv.as_ref() else {
-                    return Err(self.protocol(Op::Watch, key, "an event without its key"));
+                    return Err(self.protocol(op, key, "an event without its key"));
                 };
-                let why = match event.r#type {
-                    // PUT: still ours only if it is our value on our creation.
-                    0 if ours(kv) => continue,
-                    0 => NotHeld::KeyTaken,
-                    // DELETE.
-                    1 => NotHeld::KeyGone,
+                let put = match event.r#type {
+                    0 => true,
+                    1 => false,
                     other => {
                         return Err(self.protocol(
-                            Op::Watch,
+                            op,
                             key,
                             format_args!("an event of unknown type {other}"),
                         ))
                     }
                 };
-                return Ok(Revoked {
-                    why,
-                    revision: kv.mod_revision,
-                });
+                if let Some(answer) = changed(put, kv) {
+                    return Ok(answer);
+                }
             }
             if answer.canceled {
                 return Err(self
-                    .error(Op::Watch, ErrorKind::Service, key)
+                    .error(op, ErrorKind::Service, key)
                     .because(format_args!(
                         "etcd cancelled the watch: {} (compact revision {})",
                         answer.cancel_reason, answer.compact_revision

@@ -23,6 +23,7 @@ fn caps(ttl: Duration) -> Capabilities {
     caps.tolerance = Duration::from_millis(300);
     // The revocation watch sees a release (the key's delete).
     caps.revocation_watch = true;
+    caps.holder_watch = true;
     caps
 }
 

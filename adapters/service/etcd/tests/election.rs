@@ -75,3 +75,86 @@ fn five_runners_lead_one_at_a_time_and_the_observer_reports_a_stopped_server() {
         .await;
     });
 }
+
+/// `Election::observe` on etcd is pushed by a watch of the key: an observer that
+/// polls only every 20 s still reports the leader resigning and the next one
+/// elected within a second of each change (one watch event and one query).
+#[test]
+fn the_observer_sees_each_change_of_leader_by_the_watch_not_the_poll() {
+    use futures_util::StreamExt;
+    use leasehold::{Config, Identity};
+    use leasehold_tokio::{Election, LeaderView};
+
+    let cluster = EtcdCluster::single();
+    runtime().block_on(async {
+        let poll = std_ms(20_000);
+        let observer_config = Config::builder(common::ms(60_000))
+            .retry_interval(common::ms(20_000))
+            .build()
+            .expect("valid config");
+        let observer = Election::new(
+            Arc::new(service(&cluster).await),
+            KEY,
+            Identity::new("observer").unwrap(),
+            observer_config,
+        )
+        .unwrap();
+        let candidate = |name: &'static str| {
+            let cluster = &cluster;
+            async move {
+                Election::new(
+                    Arc::new(service(cluster).await),
+                    KEY,
+                    Identity::new(name).unwrap(),
+                    config(TTL_MS),
+                )
+                .unwrap()
+            }
+        };
+        let (a, b) = (candidate("a").await, candidate("b").await);
+        let within = std_ms(1_000);
+        let mut views = observer.observe();
+
+        assert_eq!(views.next().await, Some(LeaderView::Vacant));
+        let leader_a = a.campaign().await.unwrap();
+        let started = tokio::time::Instant::now();
+        let seen = tokio::time::timeout(poll / 2, views.next()).await;
+        let Ok(Some(LeaderView::Led(info))) = seen else {
+            panic!("no new leader reported within {:?}: {seen:?}", poll / 2)
+        };
+        assert_eq!(info.fence, leader_a.granted_fence());
+        assert!(
+            started.elapsed() < within,
+            "a's election reported after {:?}",
+            started.elapsed()
+        );
+
+        let started = tokio::time::Instant::now();
+        leader_a.resign().await;
+        assert_eq!(
+            tokio::time::timeout(poll / 2, views.next())
+                .await
+                .ok()
+                .flatten(),
+            Some(LeaderView::Vacant)
+        );
+        assert!(
+            started.elapsed() < within,
+            "a's resignation reported after {:?}",
+            started.elapsed()
+        );
+
+        let leader_b = b.campaign().await.unwrap();
+        let started = tokio::time::Instant::now();
+        let seen = tokio::time::timeout(poll / 2, views.next()).await;
+        let Ok(Some(LeaderView::Led(info))) = seen else {
+            panic!("no new leader reported within {:?}: {seen:?}", poll / 2)
+        };
+        assert_eq!(info.fence, leader_b.granted_fence());
+        assert!(
+            started.elapsed() < within,
+            "b's election reported after {:?}",
+            started.elapsed()
+        );
+    });
+}

@@ -230,5 +230,6 @@ async fn etcd_keeps_the_contract_over_mutual_tls() {
     caps.expiry_slack = ms(1_500);
     caps.tolerance = ms(300);
     caps.revocation_watch = true;
+    caps.holder_watch = true;
     leasehold_conformance::run_all(&service, &caps).await;
 }

@@ -18,6 +18,7 @@ use leasehold::Duration;
 /// etcd.expiry_slack = Duration::from_millis(1_500);
 /// etcd.tolerance = Duration::from_millis(300);
 /// etcd.revocation_watch = true;
+/// etcd.holder_watch = true;
 /// assert!(etcd.check().is_ok());
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +56,10 @@ pub struct Capabilities {
     /// completes when a grant is gone (an etcd watch). Without it the suite only
     /// checks that `revoked` never completes while the grant stands.
     pub revocation_watch: bool,
+    /// The service's [`holder_changed`](leasehold_driver::LocalLockService::holder_changed)
+    /// completes on every change of a key's holder (an etcd watch). Without it the
+    /// suite only checks that it never completes while the holder stays the same.
+    pub holder_watch: bool,
 }
 
 impl Capabilities {
@@ -70,6 +75,7 @@ impl Capabilities {
             tolerance: Duration::from_millis(1),
             request_timeout: Duration::from_secs(5),
             revocation_watch: false,
+            holder_watch: false,
         }
     }
 

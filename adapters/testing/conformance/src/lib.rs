@@ -58,7 +58,9 @@ pub use clauses::renew::{
     renew_by_another_token_is_not_owner, renew_by_the_holder_applies_at_least_the_ttl_asked,
     renew_never_recreates_a_released_key, renew_with_another_fence_is_not_owner,
 };
-pub use clauses::watch::revoked_fires_only_when_the_grant_is_gone;
+pub use clauses::watch::{
+    holder_changed_fires_on_every_change, revoked_fires_only_when_the_grant_is_gone,
+};
 pub use ctx::{Verdict, Violation};
 
 use leasehold_driver::LocalLockService;
@@ -86,6 +88,7 @@ macro_rules! with_every_clause {
             keys_that_share_a_prefix_are_separate,
             identities_round_trip,
             revoked_fires_only_when_the_grant_is_gone,
+            holder_changed_fires_on_every_change,
             abandoned_requests_leave_nothing_behind,
             the_ttl_is_hard,
             renewals_and_reacquires_extend_the_expiry,
