@@ -133,8 +133,10 @@ struct Entry {
     request: Option<(RequestId, BoxFuture<Response>)>,
     /// The revocation watch of the grant held: its fence, and the watch until it fires.
     watch: Option<(Fence, Option<BoxFuture<()>>)>,
-    /// The release request was fed to the core (it is fed once).
+    /// The user asked to release (polled once).
     release_seen: bool,
+    /// That release was fed to the core (once, when no acquire attempt is in flight).
+    release_fed: bool,
     /// The deadline last pushed to the timers for this lease.
     due: Option<Instant>,
     /// Counted in the driver's acquires in flight.
@@ -199,6 +201,7 @@ impl<S: LockService + 'static> Driver<S> {
             request: None,
             watch: None,
             release_seen: false,
+            release_fed: false,
             due: None,
             counted: false,
         };
@@ -347,6 +350,7 @@ fn step<S: LockService + 'static>(
         request,
         watch,
         release_seen,
+        release_fed,
         due,
         ..
     } = entry;
@@ -385,9 +389,16 @@ fn step<S: LockService + 'static>(
             }
         }
 
-        // Feed back whatever is ready, in the shared loop's order.
+        // Feed back whatever is ready, in the shared loop's order; the release once no
+        // acquire attempt is in flight (see `may_release`).
         if !*release_seen && shared.poll_release(&mut cx).is_ready() {
             *release_seen = true;
+        }
+        if *release_seen
+            && !*release_fed
+            && leasehold_driver::may_release(lease, request.is_some())
+        {
+            *release_fed = true;
             let _ = lease.release(shared.clock().now(), gate);
             continue;
         }

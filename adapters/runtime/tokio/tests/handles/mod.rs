@@ -240,8 +240,11 @@ async fn dropping_an_acquire_whose_grant_is_in_flight_releases_the_grant() {
         "the service granted it at 30 ms"
     );
 
-    // The release goes out at once and reaches the service 30 ms later.
-    timeline.until(71).await;
+    // The release goes out when the attempt's answer comes (60 ms), never beside the
+    // attempt (which it could overtake), and reaches the service 30 ms later.
+    timeline.until(89).await;
+    assert!(service.grant(KEY).is_some(), "not released before the answer");
+    timeline.until(91).await;
     assert_eq!(
         service.grant(KEY),
         None,
@@ -461,22 +464,27 @@ async fn a_wait_bound_ends_an_acquire_against_a_service_that_never_answers() {
         "{}",
         timeline.now_ms()
     );
-    // The driver sends the release when it next runs, at the same instant.
-    let gave_up = timeline.now_us();
-    tokio::task::yield_now().await;
-    assert_eq!(timeline.now_us(), gave_up);
     // The core schedules no attempt at or after 500 ms; tokio's timer fires on whole
     // milliseconds, so one scheduled at 499.4 ms goes out at 500 ms.
+    let request_timeout = config(900).request_timeout().as_millis();
+    let gave_up = timeline.now_ms();
+    timeline.until(gave_up + request_timeout + 1).await;
     assert!(service
         .all_sent()
         .iter()
         .filter(|sent| sent.kind == Kind::Acquire)
         .all(|sent| sent.at < timeline.at(501)));
-    // Every attempt may have been granted: a release went out when it gave up.
-    assert!(service
+    // Every attempt may have been granted: a release went out once no attempt was in
+    // flight (never beside one, which it could overtake), within a request timeout.
+    let released = service
         .all_sent()
         .iter()
-        .any(|sent| sent.kind == Kind::Release));
+        .find(|sent| sent.kind == Kind::Release)
+        .map(|sent| sent.at);
+    assert!(
+        released.is_some_and(|at| at <= timeline.at(gave_up + request_timeout)),
+        "{released:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -518,10 +526,10 @@ fn slow_config() -> Config {
 }
 
 /// The attempt sent at 0 reaches the service at 100 ms and is granted; its answer
-/// would come back at 200 ms, after the bound (150 ms). The acquire returns at the
-/// bound, and the grant its late answer carries is released: the release sent at
-/// 150 ms lands at 250 ms, and another client gets the key then, not when the
-/// orphaned grant's TTL runs out (3.1 s).
+/// comes back at 200 ms, after the bound (150 ms). The acquire returns at the bound;
+/// the driver goes on awaiting the attempt and releases the grant its answer carries:
+/// the release sent at 200 ms lands at 300 ms, and another client gets the key then,
+/// not when the orphaned grant's TTL runs out (3.1 s).
 #[tokio::test(start_paused = true)]
 async fn an_attempt_in_flight_at_the_bound_is_not_awaited_and_its_grant_is_released() {
     let timeline = Timeline::start();
@@ -539,16 +547,54 @@ async fn an_attempt_in_flight_at_the_bound_is_not_awaited_and_its_grant_is_relea
     // The in-flight attempt was granted at the service.
     let grant = service.grant(KEY).expect("granted at 100 ms");
     assert_eq!(grant.token.owner, SLOW);
-    timeline.until(251).await;
-    // Its release went out at the bound (once the driver ran, at the same instant).
+    timeline.until(301).await;
+    // Its release went out when its answer came, not beside it.
     let releases = service.sent_ms(&timeline, SLOW.token(leasehold::Term(1)), Kind::Release);
-    assert_eq!(releases, [150]);
+    assert_eq!(releases, [200]);
     assert_eq!(service.grant(KEY), None, "the late grant was released");
     let b = try_acquire(service.clone(), KEY, config(900))
         .await
         .unwrap();
     assert!(b.granted_fence() > grant.fence);
-    assert_eq!(timeline.now_ms(), 251);
+    assert_eq!(timeline.now_ms(), 301);
+}
+
+/// A release can overtake the attempt it is meant to clean up (etcd serves each
+/// request on its own stream, a PostgreSQL pool on another connection). Here the
+/// attempt sent at 0 takes 200 ms to reach the service, a release none: sent beside
+/// the attempt at the bound (150 ms), it would find the key free, answer "not owner",
+/// and leave the attempt's grant (at 200 ms) to block everyone for its TTL (3 s).
+/// Sent after the attempt's request timeout (300 ms), it deletes the grant.
+#[tokio::test(start_paused = true)]
+async fn the_release_after_the_bound_never_overtakes_the_attempt_in_flight() {
+    let timeline = Timeline::start();
+    let service = Recording::new();
+    service.set_latency(SLOW, ms(400));
+    let fast = Arc::downgrade(&service);
+    service.on_send(move |sent| {
+        if sent.kind == Kind::Release {
+            if let Some(service) = fast.upgrade() {
+                service.set_latency(SLOW, ms(0));
+            }
+        }
+    });
+    let options = AcquireOptions::new().owner(SLOW).max_wait(ms(150));
+    let err = acquire_with(service.clone(), KEY, slow_config(), options)
+        .await
+        .unwrap_err();
+    assert_eq!(timeline.now_us(), 150_000, "returns at the bound exactly");
+    assert_eq!(
+        err,
+        AcquireError::Unavailable(leasehold::Indeterminate::Timeout)
+    );
+    timeline.until(301).await;
+    let releases = service.sent_ms(&timeline, SLOW.token(leasehold::Term(1)), Kind::Release);
+    assert_eq!(releases, [300], "after the attempt's request timeout");
+    assert_eq!(service.grant(KEY), None, "the attempt's grant (at 200 ms) was released");
+    let b = try_acquire(service.clone(), KEY, config(900))
+        .await
+        .unwrap();
+    assert!(b.check().is_ok());
 }
 
 /// A held key: the first attempt's answer (held, at 200 ms) is retried 10 to 30 ms
