@@ -124,8 +124,6 @@ where
     // answer or wake-up. `sleeping_until` is its deadline while the slot holds one.
     let mut sleep = pin!(None);
     let mut sleeping_until = Instant::ZERO;
-    // The user asked to release; fed to the lease once [`may_release`] allows.
-    let mut release_wanted = false;
 
     loop {
         while let Some(action) = lease.poll_action() {
@@ -156,11 +154,6 @@ where
         if request_id.is_some_and(|id| !lease.is_awaiting(id)) {
             request_id = None;
             request.set(None);
-        }
-        if release_wanted && may_release(lease, request_id.is_some()) {
-            release_wanted = false;
-            let _ = lease.release(clock.now(), gate);
-            continue;
         }
 
         // Watch for revocation of exactly the grant we hold.
@@ -221,21 +214,12 @@ where
             Wake::Revoked(fence) => {
                 let _ = lease.handle_revoked(now, fence, gate);
             }
-            Wake::ReleaseRequested => release_wanted = true,
+            Wake::ReleaseRequested => {
+                let _ = lease.release(now, gate);
+            }
             Wake::Timer => lease.handle_timeout(now, gate),
         }
     }
-}
-
-/// Whether the user's release may be fed to `lease` now: not while an acquire
-/// attempt is in flight. A release sent beside it could reach the service first (etcd
-/// serves each request on its own stream, a PostgreSQL pool on another connection),
-/// answer "not owner", and leave the attempt's grant to block the next contender for
-/// a whole TTL. So the attempt's answer comes first (a grant is then released as a
-/// held lease is), or its request timeout: at most one request timeout later. The
-/// caller of a bounded acquire does not wait for it.
-pub fn may_release(lease: &Lease, attempt_in_flight: bool) -> bool {
-    !(attempt_in_flight && lease.state() == State::Acquiring)
 }
 
 pin_project_lite::pin_project! {

@@ -16,7 +16,7 @@ mod service;
 pub mod tls;
 
 pub use clock::Clock;
-pub use drive::{may_release, run_term, Report, Target, TermEnd};
+pub use drive::{run_term, Report, Target, TermEnd};
 #[cfg(feature = "getrandom")]
 pub use owner::random_owner;
 pub use service::{LocalLockService, LockService};

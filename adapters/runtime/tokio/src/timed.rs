@@ -1,6 +1,7 @@
 //! [`Timed`]: the lease's service, noting when each renewal is sent, so that the
 //! round trip of a confirmed renewal can be reported (metrics, tracing) without the
-//! core or the shared driver knowing about it.
+//! core or the shared driver knowing about it, and when each acquire attempt is sent,
+//! so that a release waits for its outcome ([`Shared::poll_release`]).
 //!
 //! Only the send instant is stored (in the lease's shared state, as microseconds on
 //! its clock); the answer instant is the moment the driver reports
@@ -35,6 +36,7 @@ impl<S: LockService> LockService for Timed<S> {
         identity: &Identity,
         ttl: Duration,
     ) -> impl Future<Output = AcquireOutcome> + Send {
+        self.shared.attempt_sent();
         self.service.acquire(key, token, identity, ttl)
     }
 

@@ -133,10 +133,8 @@ struct Entry {
     request: Option<(RequestId, BoxFuture<Response>)>,
     /// The revocation watch of the grant held: its fence, and the watch until it fires.
     watch: Option<(Fence, Option<BoxFuture<()>>)>,
-    /// The user asked to release (polled once).
+    /// The release request was fed to the core (it is fed once).
     release_seen: bool,
-    /// That release was fed to the core (once, when no acquire attempt is in flight).
-    release_fed: bool,
     /// The deadline last pushed to the timers for this lease.
     due: Option<Instant>,
     /// Counted in the driver's acquires in flight.
@@ -201,7 +199,6 @@ impl<S: LockService + 'static> Driver<S> {
             request: None,
             watch: None,
             release_seen: false,
-            release_fed: false,
             due: None,
             counted: false,
         };
@@ -350,7 +347,6 @@ fn step<S: LockService + 'static>(
         request,
         watch,
         release_seen,
-        release_fed,
         due,
         ..
     } = entry;
@@ -389,16 +385,9 @@ fn step<S: LockService + 'static>(
             }
         }
 
-        // Feed back whatever is ready, in the shared loop's order; the release once no
-        // acquire attempt is in flight (see `may_release`).
+        // Feed back whatever is ready, in the shared loop's order.
         if !*release_seen && shared.poll_release(&mut cx).is_ready() {
             *release_seen = true;
-        }
-        if *release_seen
-            && !*release_fed
-            && leasehold_driver::may_release(lease, request.is_some())
-        {
-            *release_fed = true;
             let _ = lease.release(shared.clock().now(), gate);
             continue;
         }
@@ -435,6 +424,9 @@ fn send<S: LockService + 'static>(
     shared: &Arc<Shared>,
     action: Action,
 ) -> BoxFuture<Response> {
+    if let Action::Acquire { .. } = action {
+        shared.attempt_sent();
+    }
     let (service, shared) = (Arc::clone(service), Arc::clone(shared));
     match action {
         Action::Acquire { term, ttl, .. } => Box::pin(async move {

@@ -243,7 +243,10 @@ async fn dropping_an_acquire_whose_grant_is_in_flight_releases_the_grant() {
     // The release goes out when the attempt's answer comes (60 ms), never beside the
     // attempt (which it could overtake), and reaches the service 30 ms later.
     timeline.until(89).await;
-    assert!(service.grant(KEY).is_some(), "not released before the answer");
+    assert!(
+        service.grant(KEY).is_some(),
+        "not released before the answer"
+    );
     timeline.until(91).await;
     assert_eq!(
         service.grant(KEY),
@@ -590,7 +593,11 @@ async fn the_release_after_the_bound_never_overtakes_the_attempt_in_flight() {
     timeline.until(301).await;
     let releases = service.sent_ms(&timeline, SLOW.token(leasehold::Term(1)), Kind::Release);
     assert_eq!(releases, [300], "after the attempt's request timeout");
-    assert_eq!(service.grant(KEY), None, "the attempt's grant (at 200 ms) was released");
+    assert_eq!(
+        service.grant(KEY),
+        None,
+        "the attempt's grant (at 200 ms) was released"
+    );
     let b = try_acquire(service.clone(), KEY, config(900))
         .await
         .unwrap();
