@@ -67,9 +67,11 @@ impl AcquireOptions {
     ///
     /// A non-zero bound is **hard**: the acquire returns at `wait` even with an
     /// attempt in flight (it is then `Busy` if an earlier attempt found the key held,
-    /// `Unavailable(Timeout)` otherwise). The term ends there and a release is sent,
-    /// so a late answer that granted the key does not keep it from the next
-    /// contender for a TTL. A zero bound tries once and awaits that one attempt, for
+    /// `Unavailable(Timeout)` otherwise). In the background, the driver awaits that
+    /// attempt's answer (at most its request timeout) and then releases what it may
+    /// have granted, so a late grant does not keep the key from the next contender
+    /// for a TTL; the release never goes out beside the attempt, which it could
+    /// overtake on a service that serves requests on several streams or connections. A zero bound tries once and awaits that one attempt, for
     /// at most the config's request timeout.
     pub const fn max_wait(mut self, wait: std::time::Duration) -> AcquireOptions {
         self.max_wait = Some(wait);
@@ -349,10 +351,9 @@ fn settled(shared: &Shared) -> Option<Result<(), AcquireError>> {
 }
 
 /// The wait bound ran out with an attempt in flight (or its answer not yet handled):
-/// the term ends now, as for a cancelled acquire. The core then sends a release,
-/// since the attempt may have been granted; the driver stops awaiting the attempt
-/// and the release goes out after it, so a grant it got is deleted instead of
-/// blocking the next contender for a TTL. `Busy` if an attempt of this acquire found
+/// the term ends as for a cancelled acquire, once the attempt is answered or its
+/// request timeout passes (see [`Shared::poll_release`]). A grant it got is then
+/// released instead of blocking the next contender for a TTL. `Busy` if an attempt of this acquire found
 /// the key held (with the holder it named), `Unavailable(Timeout)` otherwise.
 fn timed_out(shared: &Shared) -> Result<(), AcquireError> {
     let (_, _, holder, _) = shared.acquire_view();
