@@ -18,6 +18,7 @@ cd "$(dirname "$0")/.."
 libraries=(
     "leasehold core"
     "leasehold-driver adapters/driver"
+    "leasehold-memory adapters/service/memory"
     "leasehold-tokio adapters/runtime/tokio"
     "leasehold-embassy adapters/runtime/embassy"
     "leasehold-redis adapters/service/redis"

@@ -11,7 +11,6 @@ mod acquire;
 mod config;
 mod election;
 mod handle;
-pub mod memory;
 mod metrics;
 mod set;
 mod shared;
@@ -29,6 +28,9 @@ pub use election::{
     CHECK_ATTEMPTS,
 };
 pub use leasehold_driver::random_owner;
+/// The in-memory lock service (the crate `leasehold-memory`): the embedded default,
+/// with fault injection.
+pub use leasehold_memory as memory;
 // The core and driver types a tokio user needs, so that `leasehold-tokio` (plus a
 // service crate) is the only dependency to add.
 //

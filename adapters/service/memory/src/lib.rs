@@ -16,6 +16,9 @@
 //! [`revoked`](leasehold_driver::LockService::revoked)), and
 //! [`expire_now`](MemoryService::expire_now) ends a grant as if its TTL ran out.
 
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
 mod faults;
 mod request;
 mod shards;
@@ -55,24 +58,29 @@ use shards::Shards;
 /// ```
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
-/// use std::sync::Arc;
-/// use leasehold::{Config, Duration, LossReason};
-/// use leasehold_tokio::{acquire, LeaseEnd, memory::MemoryService};
+/// use leasehold::{AcquireOutcome, Duration, Identity, Owner, RenewOutcome, Term};
+/// use leasehold_driver::LockService;
+/// use leasehold_memory::MemoryService;
 ///
-/// let service = Arc::new(MemoryService::new());
-/// let config = Config::builder(Duration::from_millis(900)).build().unwrap();
-/// let lease = acquire(service.clone(), "job", config).await.unwrap();
+/// let service = MemoryService::new();
+/// let owner = Owner([7; 16]);
+/// let (token, me) = (owner.token(Term(1)), Identity::new("me").unwrap());
+/// let ttl = Duration::from_millis(900);
+/// let AcquireOutcome::Granted { fence, .. } = service.acquire("job", token, &me, ttl).await
+/// else {
+///     panic!("a free key is granted")
+/// };
 ///
-/// // Cut this client off: renewals time out, and the lease is lost at its safe
-/// // deadline, before the service's own expiry.
-/// service.partition(lease.owner());
-/// assert_eq!(lease.lost().await, LeaseEnd::Lost(LossReason::Expired));
-/// assert!(service.grant("job").is_some(), "the service has not expired it yet");
+/// // Cut this client off: its renewals are lost, and the grant expires on time.
+/// service.partition(owner);
+/// let renewal = service.renew("job", token, fence, ttl);
+/// assert!(tokio::time::timeout(std::time::Duration::from_secs(1), renewal).await.is_err());
+/// assert!(service.grant("job").is_none(), "expired after its TTL");
 /// # }
 /// ```
 ///
-/// [`LeaseHandle::owner`]: crate::LeaseHandle::owner
-/// [`AcquireOptions::owner`]: crate::AcquireOptions::owner
+/// [`LeaseHandle::owner`]: https://docs.rs/leasehold-tokio/latest/leasehold_tokio/struct.LeaseHandle.html#method.owner
+/// [`AcquireOptions::owner`]: https://docs.rs/leasehold-tokio/latest/leasehold_tokio/struct.AcquireOptions.html#method.owner
 #[derive(Debug, Default)]
 pub struct MemoryService {
     shards: Shards,
