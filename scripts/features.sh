@@ -24,6 +24,7 @@ declare -A features=(
     [leasehold-etcd]="tls"
     [leasehold-postgres]="tls"
     [leasehold-cli]="tls"
+    [leasehold-test-support]="scenarios"
 )
 
 # Every feature a crate declares must be in the list.

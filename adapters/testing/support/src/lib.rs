@@ -36,8 +36,10 @@
 
 pub mod bench;
 mod binary;
+#[cfg(feature = "scenarios")]
 pub mod contest;
 mod dirs;
+#[cfg(feature = "scenarios")]
 pub mod election;
 pub mod etcd;
 pub mod fenced;
