@@ -89,11 +89,13 @@ impl EtcdLockService {
                 ))
         })?;
 
+        let mut seen = Seen::default();
         if !self.fair {
-            return (self.acquire(key, token, identity, secs, None, &mut Seen::default())).await;
+            return self
+                .acquire(key, token, identity, secs, None, &mut seen)
+                .await;
         }
         let queue = Queue::new(key, token);
-        let mut seen = Seen::default();
         let answer = self
             .acquire(key, token, identity, secs, Some(&queue), &mut seen)
             .await?;
