@@ -56,3 +56,11 @@ async fn the_timing_clauses_catch_an_etcd_that_expires_early() {
         overstated_renewals_are_caught(&service, &renewals)
     );
 }
+
+/// The whole contract against a fair service (`with_fair(true)`): every clause runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_etcd_keeps_the_contract() {
+    let cluster = EtcdCluster::single();
+    let service = connect(&cluster).await.with_fair(true);
+    run_all(&service, &caps(Duration::from_secs(1))).await;
+}
