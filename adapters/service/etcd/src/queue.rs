@@ -15,7 +15,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTar
 use leasehold::{Identity, OwnerToken};
 
 use crate::error::{ErrorKind, EtcdLockError, Op};
-use crate::service::{EtcdLockService, Waiter};
+use crate::service::{EtcdLockService, Kept, Waiter};
 use crate::value;
 
 /// The queue's names, for one key and one contender.
@@ -138,11 +138,16 @@ impl EtcdLockService {
         seen: Option<Waiter>,
     ) -> Result<(), EtcdLockError> {
         let waiters = &self.shared.waiters;
+        let ttl = std::time::Duration::from_secs(secs.unsigned_abs());
+        let kept = |lease| Kept {
+            lease,
+            until: std::time::Instant::now() + ttl,
+        };
         if let Some(own) = seen {
-            if let Some(old) = self.remember_in(waiters, key, token, own) {
-                self.revoke_in_background(key, old.lease, "superseded place");
-            }
             if self.keep_alive(key, own.lease).await?.is_some() {
+                if let Some(old) = self.remember_in(waiters, key, token, kept(own.lease)) {
+                    self.revoke_in_background(key, old.lease, "superseded place");
+                }
                 return Ok(());
             }
             // Expired since the read: a new place, at the back.
@@ -177,14 +182,24 @@ impl EtcdLockService {
         if Place::parse(kv, &queue.prefix, None).is_none() {
             return Err(self.not_a_place(Op::Queue, key, queue.own()));
         }
-        let own = Waiter {
-            lease: kv.lease,
-            revision: kv.create_revision,
-        };
-        if let Some(old) = self.remember_in(waiters, key, token, own) {
+        if let Some(old) = self.remember_in(waiters, key, token, kept(kv.lease)) {
             self.revoke_in_background(key, old.lease, "superseded place");
         }
         Ok(())
+    }
+
+    /// Forgets the places whose contenders stopped asking (their TTL has passed since
+    /// their last attempt: etcd expired them), closing their keep-alive streams.
+    pub(crate) fn forget_expired_places(&self) {
+        let now = std::time::Instant::now();
+        for expired in self.shared.waiters.remove_where(|kept| kept.until <= now) {
+            self.shared.keep_alives.close(expired.lease);
+        }
+    }
+
+    /// How many places in queues this service keeps alive for its contenders.
+    pub fn places(&self) -> usize {
+        self.shared.waiters.len()
     }
 
     /// Forgets `token`'s place in `key`'s queue (granted, or given up) and revokes

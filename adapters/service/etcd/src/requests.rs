@@ -95,6 +95,7 @@ impl EtcdLockService {
                 .acquire(key, token, identity, secs, None, &mut seen)
                 .await;
         }
+        self.forget_expired_places();
         let queue = Queue::new(key, token);
         let answer = self
             .acquire(key, token, identity, secs, Some(&queue), &mut seen)

@@ -64,6 +64,19 @@ impl<V: Copy> Table<V> {
     pub(crate) fn len(&self) -> usize {
         self.lock().len()
     }
+
+    /// Removes every entry `stale` says so of, and returns them.
+    pub(crate) fn remove_where(&self, stale: impl Fn(&V) -> bool) -> Vec<V> {
+        let mut removed = Vec::new();
+        self.lock().retain(|_, value| {
+            let keep = !stale(value);
+            if !keep {
+                removed.push(*value);
+            }
+            keep
+        });
+        removed
+    }
 }
 
 impl<V> Default for Table<V> {
@@ -85,7 +98,7 @@ pub(crate) struct Shared {
     pub(crate) held: Table<Held>,
     /// The etcd lease behind each place in a queue this service took (fair
     /// acquires), by key and token.
-    pub(crate) waiters: Table<Waiter>,
+    pub(crate) waiters: Table<Kept>,
     /// A persistent keep-alive stream per lease renewed, closed when its grant is
     /// forgotten.
     pub(crate) keep_alives: KeepAlives,
@@ -109,7 +122,17 @@ pub(crate) struct Waiter {
     pub(crate) revision: i64,
 }
 
-impl OnLease for Waiter {
+/// A place in a queue this service keeps alive for a contender.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Kept {
+    /// The place's etcd lease.
+    pub(crate) lease: i64,
+    /// When the place has expired unless its contender asks again (its last
+    /// keep-alive or grant, plus its TTL): then the entry goes.
+    pub(crate) until: std::time::Instant,
+}
+
+impl OnLease for Kept {
     fn lease(&self) -> i64 {
         self.lease
     }
@@ -664,11 +687,14 @@ impl EtcdLockService {
     ///   `HeldByAnother(Holder::turn_of(its identity, its place's remaining TTL))`
     ///   (fence 0). A re-grant to the token that already holds the key works as
     ///   without fairness; quarantine is checked first, as without it.
-    /// * A contender that stops asking (killed, or its `max_wait` passed) **leaves the
-    ///   queue within the TTL it asked**: its place's lease expires. Until then the
-    ///   ones behind it wait: a contender that gave up costs them up to one TTL (one
-    ///   that releases, as the lease does when it gives up, leaves at once: the
-    ///   release revokes its place).
+    /// * A contender that stops asking (killed, or its `max_wait` passed: the lease
+    ///   then sends no release, none of its attempts was granted) **leaves the queue
+    ///   within the TTL it asked**: its place's lease expires. Until then the ones
+    ///   behind it wait: a contender that gave up costs each of them up to one TTL
+    ///   (plus etcd's expiry lag, about a second). A release of its token
+    ///   ([`try_release`](Self::try_release)) leaves at once: it revokes the place.
+    ///   This service forgets a place (and closes its keep-alive stream) at its first
+    ///   fair acquire after the place's TTL passed unasked.
     /// * Exclusivity never depends on the queue: the grant still compares that the key
     ///   does not exist. Fences, quarantine, renew, release, holder are unchanged. A
     ///   service that is not fair on the same etcd ignores the queue (it may take a

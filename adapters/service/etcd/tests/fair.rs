@@ -228,3 +228,55 @@ async fn keys_under_the_queue_that_are_not_places_are_ignored_or_refused() {
     assert_granted(try_acquire(&service, second, "second").await);
     assert!(service.waiting(KEY).await.expect("waiting").is_empty());
 }
+
+/// A contender through the tokio adapter that gives up (`max_wait`) sends no release
+/// (unless an attempt was in flight, which may have been granted): its place leaves
+/// within its TTL, as a killed one's. Its service then forgets the place and closes its keep-alive
+/// stream at its next fair acquire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contender_that_gives_up_leaves_the_queue_within_its_ttl() {
+    let cluster = EtcdCluster::single();
+    let service = fair(&cluster).await;
+    let holder = hold(&service, KEY, TTL_MS).await;
+    let quitter = Arc::new(fair(&cluster).await);
+    let options = AcquireOptions::new()
+        .identity(identity("quitter"))
+        .max_wait(std_ms(500));
+    let gave_up = within(
+        5_000,
+        acquire_with(quitter.clone(), KEY, config(TTL_MS), options),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the key is held: {gave_up:?}");
+    let left = Instant::now();
+    // Had an attempt been in flight at `max_wait`, the lease would have released (it
+    // might have been granted), which takes the place out at once.
+    let released = quitter.places() == 0;
+    if !released {
+        assert_eq!(quitter.keep_alive_streams(), 1, "the place's");
+    }
+    wait_for(
+        "the quitter's place to go",
+        std_ms(TTL_MS + 1_500),
+        || async { service.waiting(KEY).await.expect("waiting").is_empty() },
+    )
+    .await;
+    eprintln!(
+        "the quitter's place went {:?} after it gave up (TTL {TTL_MS} ms; released: {released})",
+        left.elapsed()
+    );
+    let (other, who) = (token(), identity("quitter"));
+    wait_for(
+        "the quitter's service to forget its place",
+        std_ms(1_000),
+        || async {
+            let answer = quitter.try_acquire("other", other, &who, ms(TTL_MS)).await;
+            assert!(matches!(answer, Ok(Acquired::Granted { .. })), "{answer:?}");
+            quitter.try_release("other", other).await.expect("release");
+            quitter.places() == 0
+        },
+    )
+    .await;
+    assert_eq!(quitter.keep_alive_streams(), 0);
+    assert_eq!(holder.release().await, LeaseEnd::Released);
+}
