@@ -2,13 +2,12 @@
 
 use etcd_client::proto::{PbKeyValue, PbTxnOpResponse, PbTxnResponse};
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
-
-use crate::queue::{Queue, Seen};
 use leasehold::{Duration, Fence, Holder, Identity, OwnerToken};
 
 use crate::checks::Read;
 use crate::epoch::Marker;
 use crate::error::{ErrorKind, EtcdLockError, Op};
+use crate::queue::{Queue, Seen};
 use crate::service::{
     ttl_secs, Acquired, EtcdLockService, Held, NotHeld, Released, Renewed, Revoked, MAX_TTL_SECS,
 };
