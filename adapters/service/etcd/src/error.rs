@@ -45,6 +45,10 @@ pub enum Op {
     /// Starting a quarantine after etcd may have lost grants: a lease grant and a
     /// transaction that puts the quarantine key.
     Quarantine,
+    /// A fair acquire's place in the key's queue ([`with_fair`](crate::EtcdLockService::with_fair)):
+    /// its lease grant, its put, its keep-alive; or the read of
+    /// [`waiting`](crate::EtcdLockService::waiting).
+    Queue,
 }
 
 impl fmt::Display for Op {
@@ -64,6 +68,7 @@ impl fmt::Display for Op {
             Op::HolderWatch => "holder watch",
             Op::RaiseFence => "raise fence",
             Op::Quarantine => "quarantine (start)",
+            Op::Queue => "acquire (place in the queue)",
         })
     }
 }

@@ -8,6 +8,7 @@ mod error;
 mod keep_alive;
 mod lock_service;
 mod members;
+mod queue;
 mod requests;
 mod service;
 #[cfg(feature = "tls")]

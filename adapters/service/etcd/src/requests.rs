@@ -7,6 +7,7 @@ use leasehold::{Duration, Fence, Holder, Identity, OwnerToken};
 use crate::checks::Read;
 use crate::epoch::Marker;
 use crate::error::{ErrorKind, EtcdLockError, Op};
+use crate::queue::{Queue, Seen};
 use crate::service::{
     ttl_secs, Acquired, EtcdLockService, Held, NotHeld, Released, Renewed, Revoked, MAX_TTL_SECS,
 };
@@ -59,6 +60,11 @@ impl EtcdLockService {
     ///    [`ErrorKind::Service`] error the lease retries; the new lease is revoked in
     ///    the background either way.
     ///
+    /// With [`with_fair`](Self::with_fair), the read also reads the contender's place
+    /// and the key's queue; a free key is granted only to the oldest place (the
+    /// grant compares the contender's place and deletes it), and an answer other than
+    /// a grant takes or keeps the contender's place (see `with_fair`).
+    ///
     /// The granted TTL counts from after the request was sent (the lease is granted, or
     /// kept alive, after it), so a deadline the caller computes from its send time is
     /// never later than etcd's expiry.
@@ -82,15 +88,58 @@ impl EtcdLockService {
                 ))
         })?;
 
+        let mut seen = Seen::default();
+        if !self.fair {
+            return self
+                .acquire(key, token, identity, secs, None, &mut seen)
+                .await;
+        }
+        self.forget_expired_places();
+        let queue = Queue::new(key, token);
+        let answer = self
+            .acquire(key, token, identity, secs, Some(&queue), &mut seen)
+            .await?;
+        match answer {
+            Acquired::Granted { .. } => self.leave_queue(key, token, seen.own, "granted"),
+            _ => {
+                self.take_place(&queue, key, token, identity, secs, seen.own)
+                    .await?;
+            }
+        }
+        Ok(answer)
+    }
+
+    /// One acquire (see [`try_acquire`](Self::try_acquire)); with `fair`, the queue's
+    /// names, and what the read saw of it goes in `seen`.
+    async fn acquire(
+        &self,
+        key: &str,
+        token: OwnerToken,
+        identity: &Identity,
+        secs: i64,
+        fair: Option<&Queue>,
+        seen: &mut Seen,
+    ) -> Result<Acquired, EtcdLockError> {
         let counter_key = value::fence_key(key);
         let (marker_key, quarantine_key) = (&*self.shared.marker_key, &*self.shared.quarantine_key);
-        let read = Txn::new().and_then([
+        let mut reads = vec![
             TxnOp::get(key, None),
             TxnOp::get(counter_key.as_str(), None),
             TxnOp::get(marker_key, None),
             TxnOp::get(quarantine_key, None),
-        ]);
-        let read = self.txn(Op::Read, key, read).await?.0;
+        ];
+        if let Some(queue) = fair {
+            reads.extend(queue.reads());
+        }
+        let read = self.txn(Op::Read, key, Txn::new().and_then(reads)).await?.0;
+        let turn = match fair {
+            Some(queue) => {
+                let (turn, own) = self.queue_as_read(queue, key, &read, 4)?;
+                seen.own = own;
+                turn
+            }
+            None => None,
+        };
         if let Some(kv) = self.range_kv(Op::Read, key, &read, 0)? {
             return self.already_held(Op::Read, key, token, kv).await;
         }
@@ -126,6 +175,15 @@ impl EtcdLockService {
             let remaining = self.start_quarantine(key, now).await?;
             return Ok(Acquired::Quarantined { remaining });
         }
+        // Fair: a free key goes to the oldest place in the queue (or to anyone while
+        // it is empty).
+        if let Some(head) = turn {
+            let remaining = self.remaining(key, head.lease).await;
+            return Ok(Acquired::HeldByAnother(Holder::turn_of(
+                head.identity,
+                remaining,
+            )));
+        }
         let marker_revision = marker.map_or(0, |kv| kv.create_revision);
         let fence = (counter + 1).max(wall_clock_micros());
         if fence > MAX_FENCE {
@@ -134,21 +192,7 @@ impl EtcdLockService {
                 .because("its fence counter is at 2^63 - 1, the largest fence"));
         }
 
-        let grant = self
-            .call(Op::Grant, key, |mut c| async move {
-                c.lease_grant(secs, None).await
-            })
-            .await?;
-        if !grant.error().is_empty() {
-            return Err(self
-                .error(Op::Grant, ErrorKind::Service, key)
-                .because(grant.error()));
-        }
-        let lease = grant.id();
-        let granted = self.reported_ttl(Op::Grant, key, grant.ttl())?;
-        if lease == 0 {
-            return Err(self.protocol(Op::Grant, key, "lease id 0"));
-        }
+        let (lease, granted) = self.grant_lease(Op::Grant, key, secs).await?;
 
         let stored = value::encode(token, fence, identity);
         let mut puts = vec![
@@ -164,14 +208,25 @@ impl EtcdLockService {
         if stored_marker_behind(marker.and_then(|kv| Marker::parse(&kv.value)), now) {
             puts.push(TxnOp::put(marker_key, now.encode(), None));
         }
+        let mut compares = vec![
+            Compare::create_revision(key, CompareOp::Equal, 0),
+            Compare::mod_revision(counter_key.as_str(), CompareOp::Equal, counter_revision),
+            // The same epoch, and no quarantine started since the read.
+            Compare::create_revision(marker_key, CompareOp::Equal, marker_revision),
+            Compare::create_revision(quarantine_key, CompareOp::Equal, 0),
+        ];
+        // Fair, and the oldest place is this contender's: it is still there (a place
+        // that expired since the read lost its turn), and the grant deletes it.
+        if let (Some(queue), Some(own)) = (fair, seen.own) {
+            compares.push(Compare::create_revision(
+                queue.own(),
+                CompareOp::Equal,
+                own.revision,
+            ));
+            puts.push(TxnOp::delete(queue.own(), None));
+        }
         let txn = Txn::new()
-            .when([
-                Compare::create_revision(key, CompareOp::Equal, 0),
-                Compare::mod_revision(counter_key.as_str(), CompareOp::Equal, counter_revision),
-                // The same epoch, and no quarantine started since the read.
-                Compare::create_revision(marker_key, CompareOp::Equal, marker_revision),
-                Compare::create_revision(quarantine_key, CompareOp::Equal, 0),
-            ])
+            .when(compares)
             .and_then(puts)
             .or_else([TxnOp::get(key, None)]);
         // On an error the put may have happened: the lease is left alone, for a retry
@@ -181,9 +236,11 @@ impl EtcdLockService {
             self.revoke_in_background(key, lease, "unused grant");
             let Some(kv) = self.range_kv(Op::Acquire, key, &answer, 0)? else {
                 // The key is still free: the counter moved since the read, or the
-                // epoch did (a quarantine started), which the next attempt reads.
+                // epoch did (a quarantine started), or the contender's place in the
+                // queue went, which the next attempt reads.
                 return Err(self.error(Op::Acquire, ErrorKind::Service, key).because(
-                    "its fence counter or the epoch moved during the acquire; try again",
+                    "its fence counter, the epoch or the contender's place in the queue moved \
+                     during the acquire; try again",
                 ));
             };
             // Created since the read.
@@ -253,15 +310,7 @@ impl EtcdLockService {
     ) -> Result<Duration, EtcdLockError> {
         let op = Op::Quarantine;
         let secs = ttl_secs(self.max_ttl).unwrap_or(MAX_TTL_SECS);
-        let grant = self
-            .call(
-                op,
-                key,
-                |mut c| async move { c.lease_grant(secs, None).await },
-            )
-            .await?;
-        let lease = grant.id();
-        let granted = self.reported_ttl(op, key, grant.ttl())?;
+        let (lease, granted) = self.grant_lease(op, key, secs).await?;
         let quarantine_key = &*self.shared.quarantine_key;
         let txn = Txn::new()
             .when([Compare::create_revision(
@@ -369,24 +418,55 @@ impl EtcdLockService {
         }
     }
 
-    /// The holder of a grant read as `held`, with its lease's remaining TTL.
-    ///
-    /// If `LeaseTimeToLive` fails, `remaining` is zero: an understatement, never an
-    /// overstatement (a contender that waits for it retries early, not late), and the
-    /// failure is logged.
+    /// The holder of a grant read as `held`, with its lease's remaining TTL (see
+    /// [`remaining`](Self::remaining)).
     async fn holder_of(&self, key: &str, identity: Identity, held: Held) -> Holder {
-        let remaining = match self.time_to_live(key, held.lease).await {
-            Ok(remaining) => remaining,
-            Err(err) => {
-                tracing::debug!(key, lease = held.lease, error = %err, "the holder's TTL is unknown; reported as 0");
-                Duration::from_secs(0)
-            }
-        };
         Holder {
             identity,
             fence: Fence(held.fence),
-            remaining,
+            remaining: self.remaining(key, held.lease).await,
         }
+    }
+
+    /// The remaining TTL of `lease` (a holder's, or a place's in the queue).
+    ///
+    /// If `LeaseTimeToLive` fails, zero: an understatement, never an overstatement (a
+    /// contender that waits for it retries early, not late), and the failure is
+    /// logged.
+    async fn remaining(&self, key: &str, lease: i64) -> Duration {
+        match self.time_to_live(key, lease).await {
+            Ok(remaining) => remaining,
+            Err(err) => {
+                tracing::debug!(key, lease, error = %err, "a lease's TTL is unknown; reported as 0");
+                Duration::from_secs(0)
+            }
+        }
+    }
+
+    /// `LeaseGrant` of `secs`: the lease and the TTL etcd applied.
+    pub(crate) async fn grant_lease(
+        &self,
+        op: Op,
+        key: &str,
+        secs: i64,
+    ) -> Result<(i64, Duration), EtcdLockError> {
+        let grant = self
+            .call(
+                op,
+                key,
+                |mut c| async move { c.lease_grant(secs, None).await },
+            )
+            .await?;
+        if !grant.error().is_empty() {
+            return Err(self
+                .error(op, ErrorKind::Service, key)
+                .because(grant.error()));
+        }
+        let granted = self.reported_ttl(op, key, grant.ttl())?;
+        if grant.id() == 0 {
+            return Err(self.protocol(op, key, "lease id 0"));
+        }
+        Ok((grant.id(), granted))
     }
 
     /// Who holds `key` now (`None`: nobody). One read of the key, then
@@ -576,7 +656,11 @@ impl EtcdLockService {
     /// `Some(ttl)` if etcd extended the lease (the TTL it applied: the lease's granted
     /// TTL), `None` if it has no such lease. The answer is to a keep-alive sent after
     /// this call began, and the whole exchange is bounded by the request timeout.
-    async fn keep_alive(&self, key: &str, lease: i64) -> Result<Option<Duration>, EtcdLockError> {
+    pub(crate) async fn keep_alive(
+        &self,
+        key: &str,
+        lease: i64,
+    ) -> Result<Option<Duration>, EtcdLockError> {
         let streams = &self.shared.keep_alives;
         let exchange = |c: Client| streams.keep_alive(c, lease);
         match self.timed(Op::KeepAlive, key, exchange).await? {
@@ -636,6 +720,8 @@ impl EtcdLockService {
         // Release is the last request of a term: the grant is forgotten whatever the
         // answer, so a failed release leaves nothing behind in this service.
         let known = self.forget(key, token);
+        // A fair contender that gives up releases: it leaves the queue now.
+        self.leave_queue(key, token, None, "gave up");
         let released = self.compare_and_delete(key, token).await;
         let revoke_known = |why| {
             if let Some(held) = known {
@@ -870,8 +956,19 @@ impl EtcdLockService {
         answer: &'a PbTxnResponse,
         n: usize,
     ) -> Result<Option<&'a PbKeyValue>, EtcdLockError> {
+        self.range(op, key, answer, n).map(<[PbKeyValue]>::first)
+    }
+
+    /// The `n`th response of a transaction, as the keys it read.
+    pub(crate) fn range<'a>(
+        &self,
+        op: Op,
+        key: &str,
+        answer: &'a PbTxnResponse,
+        n: usize,
+    ) -> Result<&'a [PbKeyValue], EtcdLockError> {
         match answer.responses.get(n).and_then(|r| r.response.as_ref()) {
-            Some(PbTxnOpResponse::ResponseRange(range)) => Ok(range.kvs.first()),
+            Some(PbTxnOpResponse::ResponseRange(range)) => Ok(&range.kvs),
             other => Err(self.protocol(
                 op,
                 key,
@@ -881,7 +978,12 @@ impl EtcdLockService {
     }
 
     /// A TTL etcd reported, in seconds: positive, or the reply makes no sense.
-    fn reported_ttl(&self, op: Op, key: &str, secs: i64) -> Result<Duration, EtcdLockError> {
+    pub(crate) fn reported_ttl(
+        &self,
+        op: Op,
+        key: &str,
+        secs: i64,
+    ) -> Result<Duration, EtcdLockError> {
         match u64::try_from(secs) {
             Ok(secs) if secs > 0 => Ok(Duration::from_secs(secs)),
             _ => Err(self.protocol(

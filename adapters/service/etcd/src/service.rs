@@ -34,15 +34,71 @@ pub struct EtcdLockService {
     pub(crate) request_timeout: std::time::Duration,
     pub(crate) watch_retry: std::time::Duration,
     pub(crate) max_ttl: Duration,
+    /// Whether acquires wait in arrival order (see [`with_fair`](Self::with_fair)).
+    pub(crate) fair: bool,
+}
+
+/// Entries by key and owner token: the trait passes only key and token, etcd needs
+/// the lease id. Entries are inserted and removed whole.
+pub(crate) struct Table<V>(Mutex<HashMap<(Box<str>, OwnerToken), V>>);
+
+impl<V: Copy> Table<V> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Box<str>, OwnerToken), V>> {
+        // The map is only ever replaced whole-entry; a panic elsewhere cannot leave a
+        // half-written entry behind, so a poisoned lock is still usable.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn get(&self, key: &str, token: OwnerToken) -> Option<V> {
+        self.lock().get(&(Box::from(key), token)).copied()
+    }
+
+    fn insert(&self, key: &str, token: OwnerToken, value: V) -> Option<V> {
+        self.lock().insert((Box::from(key), token), value)
+    }
+
+    fn remove(&self, key: &str, token: OwnerToken) -> Option<V> {
+        self.lock().remove(&(Box::from(key), token))
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Removes every entry `stale` says so of, and returns them.
+    pub(crate) fn remove_where(&self, stale: impl Fn(&V) -> bool) -> Vec<V> {
+        let mut removed = Vec::new();
+        self.lock().retain(|_, value| {
+            let keep = !stale(value);
+            if !keep {
+                removed.push(*value);
+            }
+            keep
+        });
+        removed
+    }
+}
+
+impl<V> Default for Table<V> {
+    fn default() -> Self {
+        Table(Mutex::new(HashMap::new()))
+    }
+}
+
+/// What a [`Table`] holds: something attached to an etcd lease.
+pub(crate) trait OnLease: Copy {
+    fn lease(&self) -> i64;
 }
 
 pub(crate) struct Shared {
     pub(crate) client: Client,
     /// The endpoints, as configured: named in every error.
     pub(crate) endpoints: Arc<str>,
-    /// The etcd lease behind each grant this service made, by key and token: the
-    /// trait passes only key and token, etcd needs the lease id.
-    held: Mutex<HashMap<(Box<str>, OwnerToken), Held>>,
+    /// The etcd lease behind each grant this service made, by key and token.
+    pub(crate) held: Table<Held>,
+    /// The etcd lease behind each place in a queue this service took (fair
+    /// acquires), by key and token.
+    pub(crate) waiters: Table<Kept>,
     /// A persistent keep-alive stream per lease renewed, closed when its grant is
     /// forgotten.
     pub(crate) keep_alives: KeepAlives,
@@ -55,6 +111,37 @@ pub(crate) struct Shared {
     pub(crate) quarantine_key: Box<str>,
     /// Which members are out of the channel's rotation (see `members.rs`).
     pub(crate) rotation: crate::members::Rotation,
+}
+
+/// A fair contender's place in a key's queue, as etcd holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Waiter {
+    /// The etcd lease the queue key is attached to (the TTL the contender asked).
+    pub(crate) lease: i64,
+    /// The queue key's `create_revision`: the contender's arrival.
+    pub(crate) revision: i64,
+}
+
+/// A place in a queue this service keeps alive for a contender.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Kept {
+    /// The place's etcd lease.
+    pub(crate) lease: i64,
+    /// When the place has expired unless its contender asks again (its last
+    /// keep-alive or grant, plus its TTL): then the entry goes.
+    pub(crate) until: std::time::Instant,
+}
+
+impl OnLease for Kept {
+    fn lease(&self) -> i64 {
+        self.lease
+    }
+}
+
+impl OnLease for Held {
+    fn lease(&self) -> i64 {
+        self.lease
+    }
 }
 
 /// One grant as etcd holds it.
@@ -75,6 +162,7 @@ impl std::fmt::Debug for EtcdLockService {
             .field("endpoints", &self.shared.endpoints)
             .field("request_timeout", &self.request_timeout)
             .field("max_ttl", &self.max_ttl)
+            .field("fair", &self.fair)
             .field("grants", &self.grants())
             .field("keep_alive_streams", &self.keep_alive_streams())
             .finish_non_exhaustive()
@@ -175,6 +263,7 @@ pub struct Builder {
     options: Option<ConnectOptions>,
     max_ttl: std::time::Duration,
     epoch_prefix: String,
+    fair: bool,
     #[cfg(feature = "tls")]
     tls: crate::tls::TlsFiles,
 }
@@ -288,6 +377,13 @@ impl Builder {
         self
     }
 
+    /// Whether acquires wait in arrival order, across processes (default `false`):
+    /// see [`EtcdLockService::with_fair`].
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
     /// Wait after a failed revocation watch before watching again (it doubles up to
     /// 16×). Default 100 ms.
     pub fn watch_retry(mut self, wait: std::time::Duration) -> Self {
@@ -366,7 +462,8 @@ impl Builder {
             EtcdLockService::with_endpoints(client, endpoints.clone(), &self.epoch_prefix)
                 .with_request_timeout(self.request_timeout)
                 .with_watch_retry(self.watch_retry)
-                .with_max_ttl(self.max_ttl);
+                .with_max_ttl(self.max_ttl)
+                .with_fair(self.fair);
         if let (Some((interval, timeout)), None, true) =
             (self.member_checks, &self.options, self.endpoints.len() > 1)
         {
@@ -515,6 +612,7 @@ impl EtcdLockService {
             options: None,
             max_ttl: DEFAULT_MAX_TTL,
             epoch_prefix: String::new(),
+            fair: false,
             #[cfg(feature = "tls")]
             tls: crate::tls::TlsFiles::default(),
         }
@@ -541,7 +639,8 @@ impl EtcdLockService {
             shared: Arc::new(Shared {
                 client,
                 endpoints,
-                held: Mutex::new(HashMap::new()),
+                held: Table::default(),
+                waiters: Table::default(),
                 keep_alives: KeepAlives::default(),
                 checks: Checks::default(),
                 memory: Memory::default(),
@@ -552,6 +651,7 @@ impl EtcdLockService {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             watch_retry: std::time::Duration::from_millis(100),
             max_ttl: Duration::from(DEFAULT_MAX_TTL),
+            fair: false,
         }
     }
 
@@ -565,6 +665,58 @@ impl EtcdLockService {
     /// The longest TTL an acquire may ask for, and the quarantine.
     pub fn max_ttl(&self) -> std::time::Duration {
         self.max_ttl.into()
+    }
+
+    /// The same service (same channel, same tables) with acquires that wait in
+    /// arrival order (`true`), or not (`false`, the default).
+    ///
+    /// **Fair** (first in, first out, across every process whose service on this etcd
+    /// is fair):
+    ///
+    /// * An acquire that is not granted at once (the key is held, quarantined, or free
+    ///   while another contender is ahead) takes a **place in the key's queue**: a key
+    ///   `<key>{queue}/<owner token>` (no lock key and no other key of this crate has
+    ///   that name: keys have no braces) holding the contender's identity, attached to
+    ///   an etcd lease of the TTL asked. Arrival order is the queue key's create
+    ///   revision. Later attempts of the same owner token keep that place and keep its
+    ///   lease alive.
+    /// * A free key is granted only to the contender whose place is the oldest (or to
+    ///   anyone while the queue is empty); the grant's transaction deletes that place
+    ///   (it also compares it is still there), and its lease is revoked in the
+    ///   background. A free key while another contender has the turn is answered
+    ///   `HeldByAnother(Holder::turn_of(its identity, its place's remaining TTL))`
+    ///   (fence 0). A re-grant to the token that already holds the key works as
+    ///   without fairness; quarantine is checked first, as without it.
+    /// * A contender that stops asking (killed, or its `max_wait` passed: the lease
+    ///   then sends no release, none of its attempts was granted) **leaves the queue
+    ///   within the TTL it asked**: its place's lease expires. Until then the ones
+    ///   behind it wait: a contender that gave up costs each of them up to one TTL
+    ///   (plus etcd's expiry lag, about a second). A release of its token
+    ///   ([`try_release`](Self::try_release)) leaves at once: it revokes the place.
+    ///   This service forgets a place (and closes its keep-alive stream) at its first
+    ///   fair acquire after the place's TTL passed unasked.
+    /// * Exclusivity never depends on the queue: the grant still compares that the key
+    ///   does not exist. Fences, quarantine, renew, release, holder are unchanged. A
+    ///   service that is not fair on the same etcd ignores the queue (it may take a
+    ///   free key ahead of it).
+    /// * **Cost** per attempt while waiting: the same read transaction (two more reads
+    ///   in it: the contender's place and the queue, in arrival order) and one
+    ///   keep-alive of its place (the first attempt: a lease grant and a put
+    ///   transaction instead); a free key while another has the turn costs a
+    ///   `LeaseTimeToLive` of that contender's place (as a held key costs its
+    ///   holder's). A grant removes the place in its own transaction, then revokes its
+    ///   lease. [`waiting`](Self::waiting) reads the queue.
+    ///
+    /// Off, nothing changes: not one request more. Give every client of a key the
+    /// same setting.
+    pub fn with_fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
+    /// Whether acquires wait in arrival order ([`with_fair`](Self::with_fair)).
+    pub fn fair(&self) -> bool {
+        self.fair
     }
 
     /// The same service (same channel, same table of grants) with another bound on
@@ -610,20 +762,11 @@ impl EtcdLockService {
 
     /// How many grants this service is tracking.
     pub fn grants(&self) -> usize {
-        self.table().len()
-    }
-
-    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<(Box<str>, OwnerToken), Held>> {
-        // The map is only ever replaced whole-entry; a panic elsewhere cannot leave a
-        // half-written entry behind, so a poisoned lock is still usable.
-        self.shared
-            .held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.shared.held.len()
     }
 
     pub(crate) fn lookup(&self, key: &str, token: OwnerToken) -> Option<Held> {
-        self.table().get(&(Box::from(key), token)).copied()
+        self.shared.held.get(key, token)
     }
 
     /// How many leases have a keep-alive stream open (or an exchange under way).
@@ -634,23 +777,44 @@ impl EtcdLockService {
     /// Records a grant; an older lease for the same key and token is returned (its
     /// keep-alive stream closed).
     pub(crate) fn remember(&self, key: &str, token: OwnerToken, held: Held) -> Option<Held> {
-        let old = self
-            .table()
-            .insert((Box::from(key), token), held)
-            .filter(|old| old.lease != held.lease);
-        if let Some(old) = old {
-            self.shared.keep_alives.close(old.lease);
-        }
-        old
+        self.remember_in(&self.shared.held, key, token, held)
     }
 
     /// Forgets a grant and closes its lease's keep-alive stream.
     pub(crate) fn forget(&self, key: &str, token: OwnerToken) -> Option<Held> {
-        let held = self.table().remove(&(Box::from(key), token));
-        if let Some(held) = held {
-            self.shared.keep_alives.close(held.lease);
+        self.forget_in(&self.shared.held, key, token)
+    }
+
+    /// Records `value` in `table`; an older entry on another lease is returned (its
+    /// keep-alive stream closed).
+    pub(crate) fn remember_in<V: OnLease>(
+        &self,
+        table: &Table<V>,
+        key: &str,
+        token: OwnerToken,
+        value: V,
+    ) -> Option<V> {
+        let old = table
+            .insert(key, token, value)
+            .filter(|old| old.lease() != value.lease());
+        if let Some(old) = old {
+            self.shared.keep_alives.close(old.lease());
         }
-        held
+        old
+    }
+
+    /// Forgets an entry of `table` and closes its lease's keep-alive stream.
+    pub(crate) fn forget_in<V: OnLease>(
+        &self,
+        table: &Table<V>,
+        key: &str,
+        token: OwnerToken,
+    ) -> Option<V> {
+        let old = table.remove(key, token);
+        if let Some(old) = old {
+            self.shared.keep_alives.close(old.lease());
+        }
+        old
     }
 
     /// An error of `kind` for `op` on `key`, at this service's endpoints.

@@ -83,7 +83,7 @@ impl<'a> Stored<'a> {
 
 /// Whether `bytes` is an [`OwnerToken`] encoding: 32 lowercase hex digits, a dot, and
 /// 1 to 8 lowercase hex digits.
-fn is_token(bytes: &[u8]) -> bool {
+pub(crate) fn is_token(bytes: &[u8]) -> bool {
     let hex = |b: &u8| b.is_ascii_digit() || (b'a'..=b'f').contains(b);
     match bytes.split_at_checked(32) {
         Some((owner, [b'.', term @ ..])) => {

@@ -57,3 +57,18 @@ async fn the_timing_clauses_catch_an_etcd_that_expires_early() {
         overstated_renewals_are_caught(&service, &renewals)
     );
 }
+
+/// The whole contract against a fair service (`with_fair(true)`): every clause runs,
+/// none is skipped, and none contradicts arrival order. A contender a clause turns
+/// away takes a place in the queue (its own per-clause key); no clause then expects a
+/// third token to take the freed key ahead of it: the next grant of a key in the suite
+/// goes to the holder again, to the contender that was turned away (the head of the
+/// queue), or to a key nobody queued for. The places left behind expire with their
+/// TTL. (The `breach` tests above check the suite itself, so they run only on a
+/// plain service.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_etcd_keeps_the_contract() {
+    let cluster = EtcdCluster::single();
+    let service = connect(&cluster).await.with_fair(true);
+    run_all(&service, &caps(Duration::from_secs(1))).await;
+}

@@ -158,6 +158,27 @@ pub fn counter(port: u16, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no counter {name} in /metrics"))
 }
 
+/// etcd's count of gRPC messages received, by method (`Txn`, `LeaseGrant`,
+/// `LeaseKeepAlive`, …): one per unary request, one per keep-alive on a stream.
+pub fn grpc_messages(port: u16) -> std::collections::BTreeMap<String, u64> {
+    let body = http_get(port, "/metrics").expect("GET /metrics");
+    let mut counts = std::collections::BTreeMap::new();
+    for line in body.lines() {
+        let Some(rest) = line.strip_prefix("grpc_server_msg_received_total{") else {
+            continue;
+        };
+        let method = rest
+            .split("grpc_method=\"")
+            .nth(1)
+            .and_then(|m| m.split('"').next());
+        let value = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+        if let (Some(method), Some(value)) = (method, value) {
+            *counts.entry(method.to_owned()).or_insert(0) += value as u64;
+        }
+    }
+    counts
+}
+
 /// `GET path` over a fresh socket (HTTP/1.0, so the body is not chunked); the body.
 fn http_get(port: u16, path: &str) -> Option<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
