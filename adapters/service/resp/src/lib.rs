@@ -16,8 +16,6 @@ mod exchange;
 mod lock_service;
 mod replies;
 mod resp;
-#[cfg(test)]
-mod robustness;
 pub mod scripts;
 mod service;
 

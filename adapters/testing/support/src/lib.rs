@@ -54,8 +54,10 @@ mod storage;
 mod wait;
 
 pub use binary::{binary, binary_in, MissingBinary};
+#[cfg(feature = "scenarios")]
 pub use contest::{Contest, Outcome as ContestOutcome};
 pub use dirs::{fast_scratch_dir, scratch_dir, ScratchDir};
+#[cfg(feature = "scenarios")]
 pub use election::{Candidates, Elected};
 pub use etcd::{EtcdCluster, Timing};
 pub use fenced::{check_fenced_history, Answer, FencePlan, HistoryCounts};

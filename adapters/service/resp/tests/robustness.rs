@@ -2,16 +2,16 @@
 //! the whole service (factory, buffers, `NOSCRIPT` handling, reply checks). No input
 //! panics, and a grant comes only from the byte-exact grant reply.
 
+//!
+//! The parser's own cases (every prefix of a reply is incomplete, and so on) are unit
+//! tests beside it in `src/resp.rs`.
+
 use core::convert::Infallible;
-use std::format;
-use std::vec::Vec;
 
 use leasehold::{AcquireOutcome, Duration, Identity, Instant, Owner, RenewOutcome, Term};
 use leasehold_driver::Clock;
+use leasehold_resp::RespLockService;
 use proptest::prelude::*;
-
-use crate::resp::{parse, Partial};
-use crate::service::RespLockService;
 
 /// A clock whose deadlines never come: a scripted stream never stalls.
 struct Frozen;
@@ -112,19 +112,18 @@ fn renew_through(data: &[u8], pieces: &[usize]) -> RenewOutcome {
     ))
 }
 
-/// Whether `data` starts with exactly the grant reply `{1|2, fence}` (what follows it
-/// may arrive after the service has read the grant).
+/// Whether `data` starts with exactly the grant reply `{1|2, fence}`: `*2`, `:1` or
+/// `:2`, then the fence as a bulk string of decimal digits without a leading zero
+/// (what follows it may arrive after the service has read the grant).
 fn is_exact_grant(data: &[u8]) -> bool {
-    let Ok((_, used)) = parse(data) else {
-        return false;
-    };
-    let text = std::string::String::from_utf8_lossy(&data[..used]);
+    let text = String::from_utf8_lossy(data);
     (1..=2).any(|tag| {
         text.strip_prefix(&format!("*2\r\n:{tag}\r\n$"))
             .and_then(|rest| rest.split_once("\r\n"))
+            .and_then(|(len, rest)| Some((len.parse::<usize>().ok()?, rest)))
             .is_some_and(|(len, rest)| {
-                let digits = rest.strip_suffix("\r\n").unwrap_or("");
-                len.parse::<usize>() == Ok(digits.len())
+                let digits = rest.get(..len).unwrap_or("");
+                rest.get(len..).is_some_and(|end| end.starts_with("\r\n"))
                     && !digits.starts_with('0')
                     && digits.parse::<u64>().is_ok()
             })
@@ -155,8 +154,6 @@ fn valid_reply() -> impl Strategy<Value = Vec<u8>> {
     ]
 }
 
-use std::string::ToString;
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2_000))]
 
@@ -165,7 +162,6 @@ proptest! {
         data in proptest::collection::vec(any::<u8>(), 0..300),
         pieces in proptest::collection::vec(1usize..40, 1..8),
     ) {
-        let _ = parse(&data);
         for outcome in [acquire_through::<256>(&data, &pieces), acquire_through::<8>(&data, &pieces)] {
             if let AcquireOutcome::Granted { .. } = outcome {
                 prop_assert!(is_exact_grant(&data), "granted from {data:?}");
@@ -199,10 +195,6 @@ proptest! {
         reply in valid_reply(),
         pieces in proptest::collection::vec(1usize..40, 1..8),
     ) {
-        prop_assert!(matches!(parse(&reply), Ok((_, n)) if n == reply.len()));
-        for cut in 0..reply.len() {
-            prop_assert_eq!(parse(&reply[..cut]).map(|(_, n)| n), Err(Partial::Incomplete));
-        }
         let whole = acquire_through::<256>(&reply, &[reply.len()]);
         prop_assert_eq!(acquire_through::<256>(&reply, &pieces), whole);
         prop_assert_eq!(acquire_through::<256>(&reply, &[1]), whole);
