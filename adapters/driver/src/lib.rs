@@ -8,6 +8,7 @@
 //! # Features
 #![doc = document_features::document_features!()]
 
+mod clip;
 mod clock;
 mod drive;
 #[cfg(feature = "getrandom")]
@@ -15,6 +16,7 @@ mod owner;
 mod service;
 pub mod tls;
 
+pub use clip::Clipped;
 pub use clock::Clock;
 pub use drive::{run_term, Report, Target, TermEnd};
 #[cfg(feature = "getrandom")]

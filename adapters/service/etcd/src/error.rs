@@ -10,6 +10,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use leasehold::{Indeterminate, Refusal};
+use leasehold_driver::Clipped;
 
 /// Which request failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -182,7 +183,7 @@ impl EtcdLockError {
 
     /// The same error, caused by what `detail` says (truncated to 200 bytes).
     pub(crate) fn because(self, detail: impl fmt::Display) -> EtcdLockError {
-        self.caused_by(Cause(truncate(detail.to_string())))
+        self.caused_by(Cause(Clipped(&detail.to_string()).to_string()))
     }
 
     /// An answer etcd would not send, for `op`, because of `detail`.
@@ -446,19 +447,6 @@ pub(crate) fn error_chain(err: &dyn StdError) -> String {
         text.push_str(": ");
         text.push_str(&cause.to_string());
         source = cause.source();
-    }
-    text
-}
-
-/// At most 200 bytes, cut on a character boundary.
-fn truncate(mut text: String) -> String {
-    if text.len() > 200 {
-        let mut cut = 200;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
-        text.push('…');
     }
     text
 }
@@ -733,13 +721,5 @@ mod tests {
                 "one what, one what to do: {text}"
             );
         }
-    }
-
-    #[test]
-    fn long_details_are_truncated_on_a_char_boundary() {
-        let text = "é".repeat(300);
-        let cut = truncate(text);
-        assert!(cut.ends_with('…'));
-        assert!(cut.len() <= 204);
     }
 }

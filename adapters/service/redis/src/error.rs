@@ -8,6 +8,7 @@
 use std::fmt;
 
 use leasehold::{Indeterminate, KeyError, Refusal};
+use leasehold_driver::Clipped;
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
 /// Which request failed.
@@ -60,7 +61,7 @@ pub struct ProtocolError {
     pub endpoint: String,
     /// What the script answers.
     pub expected: &'static str,
-    /// What came back, rendered (truncated to 200 characters).
+    /// What came back, rendered (cut to 200 bytes, `leasehold_driver::Clipped`).
     pub found: String,
 }
 
@@ -70,7 +71,7 @@ impl ProtocolError {
             op,
             endpoint: String::new(),
             expected,
-            found: truncate(format!("{found:?}")),
+            found: Clipped(&format!("{found:?}")).to_string(),
         }
     }
 
@@ -79,19 +80,6 @@ impl ProtocolError {
         endpoint.clone_into(&mut self.endpoint);
         self
     }
-}
-
-/// Cuts `text` to 200 bytes on a character boundary, marking the cut.
-fn truncate(mut text: String) -> String {
-    if text.len() > 200 {
-        let mut cut = 200;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
-        text.push('…');
-    }
-    text
 }
 
 impl fmt::Display for ProtocolError {
@@ -365,7 +353,7 @@ impl RedisLockError {
                     op,
                     endpoint,
                     expected: "a well-formed RESP reply",
-                    found: truncate(err.to_string()),
+                    found: Clipped(&err.to_string()).to_string(),
                 })
             }
             _ => RedisLockError::Transport {

@@ -822,15 +822,7 @@ where
 /// before sending).
 fn checked(op: Op, name: &str) -> Result<&str, RedisLockError> {
     leasehold::check_key(name).map(|()| name).map_err(|error| {
-        let mut key = name.to_owned();
-        if key.len() > 200 {
-            let mut cut = 200;
-            while !key.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            key.truncate(cut);
-            key.push('…');
-        }
+        let key = leasehold_driver::Clipped(name).to_string();
         RedisLockError::InvalidKey { op, key, error }
     })
 }
