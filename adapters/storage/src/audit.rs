@@ -6,9 +6,8 @@ use std::time::SystemTime;
 
 use leasehold::Fence;
 
-/// One write the store admitted, as its audit table recorded it (see
-/// `FencedTable::with_audit` in [`postgres`](crate::postgres) and
-/// [`sqlite`](crate::sqlite)).
+/// One write the store admitted, as its audit table recorded it (`with_audit(true)`
+/// on `postgres::FencedTable` or `sqlite::FencedTable`).
 ///
 /// The audit row is inserted in the same statement (PostgreSQL) or transaction
 /// (SQLite) as the write it records, so it exists exactly when the write was

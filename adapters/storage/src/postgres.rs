@@ -30,6 +30,11 @@
 //! Fences are `BIGINT`: exact up to [`MAX_SQL_FENCE`](crate::MAX_SQL_FENCE) (2^63 − 1);
 //! a larger fence is refused before anything is sent.
 //!
+//! With [`FencedTable::with_audit`], each admitted write also records itself in
+//! `<name>_audit`, in the same statement (the upsert inside a `WITH`, its `RETURNING`
+//! feeding the audit table's `INSERT`), for [`FencedTable::audit`] and
+//! [`check_order`](crate::check_order).
+//!
 //! Every call is bounded ([`DEFAULT_TIMEOUT`], or
 //! [`FencedTable::with_timeout`]): a server that stopped answering (paused, cut off
 //! without a reset) costs one [`Error::Timeout`], never a writer stuck for the

@@ -24,6 +24,10 @@
 //! answer. In a table of your own: `UPDATE t SET …, fence = ?2 WHERE key = ?1 AND
 //! fence <= ?2`, and one changed row is admitted.
 //!
+//! With [`FencedTable::with_audit`], each admitted write also records itself in
+//! `<name>_audit`, in the same transaction as the upsert, for [`FencedTable::audit`]
+//! and [`check_order`](crate::check_order).
+//!
 //! `STRICT` keeps a fence an integer (a text fence would compare as text). Fences are
 //! `INTEGER`, exact up to [`MAX_SQL_FENCE`](crate::MAX_SQL_FENCE) (2^63 − 1); a larger
 //! fence is refused before anything runs.
