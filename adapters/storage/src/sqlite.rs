@@ -389,3 +389,40 @@ impl Drop for Atomic<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_audit_is_off_by_default_and_on_keeps_the_same_upsert() {
+        let plain = FencedTable::new("t").unwrap();
+        assert_eq!(
+            plain.write_sql(),
+            "INSERT INTO t (key, value, fence) VALUES (?1, ?2, ?3)\n\
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value, fence = excluded.fence\n    \
+             WHERE fence <= excluded.fence\nRETURNING fence",
+            "off, the statement is the unaudited one"
+        );
+        assert_eq!((plain.audit_table(), plain.audit_sql()), (None, None));
+        let audited = plain.clone().with_audit(true).unwrap();
+        assert_eq!(audited.write_sql(), plain.write_sql());
+        assert!(audited
+            .audit_sql()
+            .unwrap()
+            .starts_with("INSERT INTO t_audit "));
+        assert!(audited
+            .create_sql()
+            .contains("CREATE TABLE IF NOT EXISTS t_audit ("));
+        let off = audited.with_audit(false).unwrap();
+        assert_eq!(off.create_sql(), plain.create_sql());
+
+        let longest = "t".repeat(57);
+        assert!(FencedTable::new(&longest).unwrap().with_audit(true).is_ok());
+        let err = FencedTable::new(&format!("{longest}u"))
+            .unwrap()
+            .with_audit(true)
+            .unwrap_err();
+        assert_eq!(err.name, format!("{longest}u_audit"));
+    }
+}
