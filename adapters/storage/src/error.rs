@@ -28,6 +28,12 @@ pub enum Error {
         /// The key.
         key: String,
     },
+    /// The audit was read from a table built without it
+    /// (`FencedTable::with_audit`): its writes leave no audit rows.
+    NotAudited {
+        /// The table's name.
+        table: String,
+    },
     /// PostgreSQL did not answer within the table's timeout
     /// ([`FencedTable::with_timeout`](crate::postgres::FencedTable::with_timeout)).
     /// The outcome is unknown: the statement may still run when the server answers,
@@ -73,6 +79,10 @@ impl fmt::Display for Error {
                 f,
                 "the fenced write of `{key}` was refused, but no newer fence was found: \
                  something else deletes or rewrites the row"
+            ),
+            Error::NotAudited { table } => write!(
+                f,
+                "fenced table `{table}` was built without its audit (`with_audit(true)`)"
             ),
             #[cfg(feature = "postgres")]
             Error::Timeout { key, after } => write!(

@@ -6,6 +6,7 @@
 //! # Features
 #![doc = document_features::document_features!()]
 
+mod audit;
 mod error;
 mod outcome;
 mod table;
@@ -17,6 +18,7 @@ pub mod postgres;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
 
+pub use audit::{check_order, Admitted, OutOfOrder};
 pub use error::Error;
 pub use leasehold::{Fence, StaleFence};
 pub use outcome::{Fenced, FencedWrite};

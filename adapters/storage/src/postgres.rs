@@ -30,6 +30,11 @@
 //! Fences are `BIGINT`: exact up to [`MAX_SQL_FENCE`](crate::MAX_SQL_FENCE) (2^63 − 1);
 //! a larger fence is refused before anything is sent.
 //!
+//! With [`FencedTable::with_audit`], each admitted write also records itself in
+//! `<name>_audit`, in the same statement (the upsert inside a `WITH`, its `RETURNING`
+//! feeding the audit table's `INSERT`), for [`FencedTable::audit`] and
+//! [`check_order`](crate::check_order).
+//!
 //! Every call is bounded ([`DEFAULT_TIMEOUT`], or
 //! [`FencedTable::with_timeout`]): a server that stopped answering (paused, cut off
 //! without a reset) costs one [`Error::Timeout`], never a writer stuck for the
@@ -47,7 +52,7 @@ use tokio_postgres::GenericClient;
 
 use crate::error::stored_fence;
 use crate::table::to_sql;
-use crate::{Fenced, FencedWrite, InvalidTableName, TableName};
+use crate::{Admitted, Fenced, FencedWrite, InvalidTableName, TableName};
 
 pub use crate::Error;
 
@@ -82,27 +87,99 @@ pub struct FencedTable {
     write: String,
     newest: String,
     read: String,
+    audit: Option<Audit>,
+}
+
+/// The audit table of an audited [`FencedTable`] and the statement that reads it.
+#[derive(Clone, Debug)]
+struct Audit {
+    name: TableName,
+    read: String,
 }
 
 impl FencedTable {
     /// The statements for table `name` (a plain identifier: see [`TableName`]).
     pub fn new(name: &str) -> Result<FencedTable, InvalidTableName> {
-        let name = TableName::new(name)?;
+        FencedTable::build(TableName::new(name)?, false)
+    }
+
+    fn build(name: TableName, audited: bool) -> Result<FencedTable, InvalidTableName> {
+        let create = format!(
+            "CREATE TABLE IF NOT EXISTS {name} (\n    key   TEXT   PRIMARY KEY,\n    \
+             value BYTEA  NOT NULL,\n    fence BIGINT NOT NULL CHECK (fence >= 0)\n)"
+        );
+        let upsert = format!(
+            "INSERT INTO {name} AS stored (key, value, fence) VALUES ($1, $2, $3)\n\
+             ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, fence = EXCLUDED.fence\n    \
+             WHERE stored.fence <= EXCLUDED.fence\nRETURNING fence"
+        );
+        let (create, write, audit) = if audited {
+            let audit = TableName::new(&format!("{name}_audit"))?;
+            let create = format!(
+                "{create};\nCREATE TABLE IF NOT EXISTS {audit} (\n    \
+                 seq   BIGINT      GENERATED ALWAYS AS IDENTITY,\n    \
+                 key   TEXT        NOT NULL,\n    \
+                 fence BIGINT      NOT NULL CHECK (fence >= 0),\n    \
+                 at    TIMESTAMPTZ NOT NULL,\n    \
+                 PRIMARY KEY (key, seq)\n)"
+            );
+            // One statement: the audit row is inserted from the upsert's own
+            // `RETURNING`, so it exists exactly when the write does, and its `seq` is
+            // taken while the write holds the row lock (admission order per key).
+            let write = format!(
+                "WITH admitted AS (\n{upsert}, key\n)\n\
+                 INSERT INTO {audit} (key, fence, at) \
+                 SELECT key, fence, clock_timestamp() FROM admitted\nRETURNING seq"
+            );
+            let read = format!(
+                "SELECT seq, fence, at FROM {audit} WHERE key = $1 AND seq > $2 ORDER BY seq"
+            );
+            (create, write, Some(Audit { name: audit, read }))
+        } else {
+            (create, upsert, None)
+        };
         Ok(FencedTable {
-            create: format!(
-                "CREATE TABLE IF NOT EXISTS {name} (\n    key   TEXT   PRIMARY KEY,\n    \
-                 value BYTEA  NOT NULL,\n    fence BIGINT NOT NULL CHECK (fence >= 0)\n)"
-            ),
-            write: format!(
-                "INSERT INTO {name} AS stored (key, value, fence) VALUES ($1, $2, $3)\n\
-                 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, fence = EXCLUDED.fence\n    \
-                 WHERE stored.fence <= EXCLUDED.fence\nRETURNING fence"
-            ),
+            create,
+            write,
             newest: format!("SELECT fence FROM {name} WHERE key = $1"),
             read: format!("SELECT value, fence FROM {name} WHERE key = $1"),
             name,
             timeout: DEFAULT_TIMEOUT,
+            audit,
         })
+    }
+
+    /// Turns the audit of admitted writes on (or off): each admitted write also
+    /// inserts a row (`seq`, `key`, `fence`, `at`) into the table `<name>_audit`,
+    /// which [`create`](Self::create) creates too and [`audit`](Self::audit) reads
+    /// back, in admission order, for [`check_order`](crate::check_order).
+    ///
+    /// It costs one more row per admitted write, inserted in the same statement as
+    /// the write (a data-modifying `WITH`: see [`write_sql`](Self::write_sql)), so
+    /// that the write and its audit row commit together or not at all, even inside a
+    /// transaction of yours that rolls back; a refused write costs nothing more. Off
+    /// (the default), the statements are exactly those of an unaudited table. The
+    /// audit only records writes made through tables with it on, and it grows until
+    /// you prune it (`DELETE FROM <name>_audit WHERE seq <= …`).
+    ///
+    /// `<name>_audit` must fit PostgreSQL's 63 bytes: a name longer than 57 bytes is
+    /// an [`InvalidTableName`] naming the audit table.
+    ///
+    /// ```
+    /// use leasehold_storage::postgres::FencedTable;
+    /// let table = FencedTable::new("fenced")?.with_audit(true)?;
+    /// assert_eq!(table.audit_table().unwrap().as_str(), "fenced_audit");
+    /// assert!(FencedTable::new(&"t".repeat(58))?.with_audit(true).is_err());
+    /// # Ok::<(), leasehold_storage::InvalidTableName>(())
+    /// ```
+    pub fn with_audit(self, on: bool) -> Result<FencedTable, InvalidTableName> {
+        let timeout = self.timeout;
+        Ok(FencedTable::build(self.name, on)?.with_timeout(timeout))
+    }
+
+    /// The audit table, if the audit is on ([`with_audit`](Self::with_audit)).
+    pub fn audit_table(&self) -> Option<&TableName> {
+        self.audit.as_ref().map(|audit| &audit.name)
     }
 
     /// Bounds each call ([`create`](Self::create), [`write`](Self::write),
@@ -136,18 +213,20 @@ impl FencedTable {
         &self.name
     }
 
-    /// The `CREATE TABLE IF NOT EXISTS` statement, for a migration of your own.
+    /// The `CREATE TABLE IF NOT EXISTS` statement (with the audit on, two of them,
+    /// separated by `;`), for a migration of your own.
     pub fn create_sql(&self) -> &str {
         &self.create
     }
 
     /// The guarded upsert every [`write`](Self::write) runs (`$1` key, `$2` value,
-    /// `$3` fence).
+    /// `$3` fence); with the audit on, inside a `WITH` whose `INSERT` adds the audit
+    /// row.
     pub fn write_sql(&self) -> &str {
         &self.write
     }
 
-    /// Creates the table unless it exists.
+    /// Creates the table unless it exists (and its audit table, if the audit is on).
     pub async fn create(&self, client: &impl GenericClient) -> Result<(), Error> {
         let create = async {
             client
@@ -230,6 +309,48 @@ impl FencedTable {
         let fence = stored_fence(key, row.try_get(1).map_err(Error::Postgres)?)?;
         Ok(Some(Fenced { value, fence }))
     }
+
+    /// Every write to `key` this table's audit recorded, in admission order (by
+    /// `seq`), for [`check_order`](crate::check_order). [`Error::NotAudited`] if the
+    /// audit is off.
+    pub async fn audit(
+        &self,
+        client: &impl GenericClient,
+        key: &str,
+    ) -> Result<Vec<Admitted>, Error> {
+        self.audit_after(client, key, 0).await
+    }
+
+    /// The audit rows of `key` whose `seq` is above `after`, in admission order: the
+    /// rows since the last one read.
+    pub async fn audit_after(
+        &self,
+        client: &impl GenericClient,
+        key: &str,
+        after: i64,
+    ) -> Result<Vec<Admitted>, Error> {
+        let audit = self.audit.as_ref().ok_or_else(|| Error::NotAudited {
+            table: self.name.to_string(),
+        })?;
+        let read = async {
+            client
+                .query(&audit.read, &[&key, &after])
+                .await
+                .map_err(Error::Postgres)
+        };
+        self.bounded(key, read)
+            .await?
+            .iter()
+            .map(|row| {
+                let fence = stored_fence(key, row.try_get(1).map_err(Error::Postgres)?)?;
+                Ok(Admitted::new(
+                    row.try_get(0).map_err(Error::Postgres)?,
+                    fence,
+                    row.try_get(2).map_err(Error::Postgres)?,
+                ))
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -246,5 +367,45 @@ mod tests {
             .create_sql()
             .starts_with("CREATE TABLE IF NOT EXISTS t ("));
         assert!(FencedTable::new("t; --").is_err());
+    }
+
+    #[test]
+    fn the_audit_is_off_by_default_and_on_wraps_the_same_upsert() {
+        let plain = FencedTable::new("t").unwrap();
+        assert_eq!(
+            plain.write_sql(),
+            "INSERT INTO t AS stored (key, value, fence) VALUES ($1, $2, $3)\n\
+             ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, fence = EXCLUDED.fence\n    \
+             WHERE stored.fence <= EXCLUDED.fence\nRETURNING fence",
+            "off, the statement is the unaudited one"
+        );
+        assert!(plain.audit_table().is_none());
+        let audited = plain.clone().with_audit(true).unwrap();
+        assert!(audited
+            .write_sql()
+            .starts_with("WITH admitted AS (\nINSERT INTO t AS stored"));
+        assert!(audited
+            .write_sql()
+            .contains("WHERE stored.fence <= EXCLUDED.fence"));
+        assert!(audited.write_sql().ends_with(
+            "INSERT INTO t_audit (key, fence, at) SELECT key, fence, clock_timestamp() \
+             FROM admitted\nRETURNING seq"
+        ));
+        assert!(audited
+            .create_sql()
+            .contains("CREATE TABLE IF NOT EXISTS t_audit ("));
+        let off = audited.with_audit(false).unwrap();
+        assert_eq!(
+            (off.write_sql(), off.create_sql()),
+            (plain.write_sql(), plain.create_sql())
+        );
+
+        let longest = "t".repeat(57);
+        assert!(FencedTable::new(&longest).unwrap().with_audit(true).is_ok());
+        let err = FencedTable::new(&format!("{longest}u"))
+            .unwrap()
+            .with_audit(true)
+            .unwrap_err();
+        assert_eq!(err.name, format!("{longest}u_audit"));
     }
 }

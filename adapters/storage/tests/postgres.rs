@@ -1,9 +1,10 @@
 //! Fenced writes against a real PostgreSQL cluster started by the test.
 
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use leasehold_storage::postgres::{Error, FencedTable};
-use leasehold_storage::{Fence, FencedWrite, MAX_SQL_FENCE};
+use leasehold_storage::{check_order, Fence, FencedWrite, MAX_SQL_FENCE};
 use leasehold_test_support::{check_fenced_history, Answer, FencePlan, PostgresServer, Proxy};
 use tokio_postgres::{Client, NoTls};
 
@@ -224,4 +225,233 @@ async fn a_server_that_stops_answering_is_a_timeout_within_the_bound() {
         (stored.value.as_slice(), stored.fence),
         (&b"c"[..], Fence(5))
     );
+}
+
+/// With the audit on, every admitted write leaves one audit row, in admission order,
+/// with its fence and the server's time; a refused write leaves none, and each key
+/// has its own audit.
+#[tokio::test]
+async fn audited_writes_are_recorded_in_admission_order_and_refused_ones_are_not() {
+    let server = PostgresServer::start();
+    let client = connect(&server).await;
+    let table = FencedTable::new("fenced")
+        .unwrap()
+        .with_audit(true)
+        .unwrap();
+    table.create(&client).await.unwrap();
+    table
+        .create(&client)
+        .await
+        .expect("creating again is a no-op");
+
+    let before = SystemTime::now() - Duration::from_secs(60);
+    let mut answers = Vec::new();
+    for (key, fence) in [("orders", 5), ("orders", 5), ("other", 1), ("orders", 7)] {
+        let written = table.write(&client, key, Fence(fence), b"v").await.unwrap();
+        answers.push(written);
+    }
+    for late in [5, 6] {
+        let refused = table
+            .write(&client, "orders", Fence(late), b"late")
+            .await
+            .unwrap();
+        assert!(!refused.is_written(), "{refused:?}");
+    }
+    assert!(answers.iter().all(FencedWrite::is_written), "{answers:?}");
+    let after = SystemTime::now() + Duration::from_secs(60);
+
+    let audit = table.audit(&client, "orders").await.unwrap();
+    let fences: Vec<u64> = audit.iter().map(|row| row.fence.0).collect();
+    assert_eq!(fences, [5, 5, 7], "admitted writes only: {audit:?}");
+    assert_eq!(check_order(&audit), Ok(()));
+    assert!(
+        audit.iter().all(|row| before < row.at && row.at < after),
+        "the server's clock, near ours: {audit:?}"
+    );
+    let other = table.audit(&client, "other").await.unwrap();
+    assert_eq!(other.len(), 1);
+    assert_eq!(other[0].fence, Fence(1));
+
+    let since = table
+        .audit_after(&client, "orders", audit[0].seq)
+        .await
+        .unwrap();
+    assert_eq!(since, audit[1..]);
+    assert_eq!(table.audit(&client, "absent").await.unwrap(), []);
+}
+
+/// The audit row is part of the write's own statement: a write in a transaction that
+/// rolls back leaves neither, one that commits leaves both, and an audit row that
+/// cannot be inserted takes its write down with it (two statements would leave the
+/// write standing, unaudited).
+#[tokio::test]
+async fn an_audited_write_and_its_audit_row_commit_together_or_not_at_all() {
+    let server = PostgresServer::start();
+    let mut client = connect(&server).await;
+    let table = FencedTable::new("fenced")
+        .unwrap()
+        .with_audit(true)
+        .unwrap();
+    table.create(&client).await.unwrap();
+
+    let tx = client.transaction().await.unwrap();
+    assert_eq!(
+        table
+            .write(&tx, "k", Fence(3), b"rolled back")
+            .await
+            .unwrap(),
+        FencedWrite::Written
+    );
+    assert_eq!(table.audit(&tx, "k").await.unwrap().len(), 1);
+    tx.rollback().await.unwrap();
+    assert_eq!(table.read(&client, "k").await.unwrap(), None);
+    assert_eq!(table.audit(&client, "k").await.unwrap(), []);
+
+    let tx = client.transaction().await.unwrap();
+    assert_eq!(
+        table.write(&tx, "k", Fence(4), b"kept").await.unwrap(),
+        FencedWrite::Written
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(
+        table.read(&client, "k").await.unwrap().unwrap().fence,
+        Fence(4)
+    );
+    let audit = table.audit(&client, "k").await.unwrap();
+    assert_eq!(audit.len(), 1);
+    assert_eq!(audit[0].fence, Fence(4));
+
+    // The audit table refuses fence 13: so must the write.
+    client
+        .batch_execute("ALTER TABLE fenced_audit ADD CONSTRAINT no_13 CHECK (fence <> 13)")
+        .await
+        .unwrap();
+    let err = table
+        .write(&client, "k", Fence(13), b"unaudited")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("no_13"), "{err}");
+    let stored = table.read(&client, "k").await.unwrap().unwrap();
+    assert_eq!(
+        (stored.value.as_slice(), stored.fence),
+        (&b"kept"[..], Fence(4)),
+        "a write whose audit row failed must not stand"
+    );
+    assert_eq!(table.audit(&client, "k").await.unwrap(), audit);
+}
+
+/// Many audited writers on their own connections, interleaved fresh, repeated and
+/// older fences on one key: the table's own audit, read back by `seq`, never goes
+/// back and holds exactly the writes answered `Written`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_audited_writers_leave_an_audit_in_order_with_every_written_answer() {
+    const WRITERS: usize = 8;
+    const WRITES: usize = 40;
+    let server = PostgresServer::start();
+    let admin = connect(&server).await;
+    let table = Arc::new(
+        FencedTable::new("fenced")
+            .unwrap()
+            .with_audit(true)
+            .unwrap(),
+    );
+    table.create(&admin).await.unwrap();
+
+    let plan = Arc::new(FencePlan::new());
+    let mut writers = Vec::new();
+    for writer in 0..WRITERS {
+        let client = connect(&server).await;
+        let (table, plan) = (Arc::clone(&table), Arc::clone(&plan));
+        writers.push(tokio::spawn(async move {
+            let mut answers = Vec::new();
+            let mut previous = None;
+            for i in 0..WRITES {
+                let fence = plan.fence(writer, i, previous);
+                previous = Some(fence);
+                let stale = match table.write(&client, "k", fence, b"v").await {
+                    Ok(FencedWrite::Written) => None,
+                    Ok(FencedWrite::Stale { newest, .. }) => Some(newest),
+                    Err(e) => panic!("writer {writer}: {e}"),
+                };
+                answers.push(Answer { fence, stale });
+            }
+            answers
+        }));
+    }
+    let mut answers = Vec::new();
+    for writer in writers {
+        answers.extend(writer.await.unwrap());
+    }
+
+    let audit = table.audit(&admin, "k").await.unwrap();
+    if let Err(e) = check_order(&audit) {
+        panic!("{e}");
+    }
+    let written = answers.iter().filter(|a| a.stale.is_none()).count();
+    assert_eq!(audit.len(), written, "one audit row per `Written` answer");
+    let fences: Vec<Fence> = audit.iter().map(|row| row.fence).collect();
+    let counts = check_fenced_history(&fences, &answers);
+    println!("postgres audit, {WRITERS} writers x {WRITES}: {counts:?}");
+    let stored = table.read(&admin, "k").await.unwrap().unwrap();
+    assert_eq!(stored.fence, *fences.last().unwrap());
+}
+
+/// Off (the default), writes never touch an audit table: none is created, an
+/// existing one gets no rows, and reading the audit is a typed error.
+#[tokio::test]
+async fn with_the_audit_off_no_audit_table_is_touched() {
+    let server = PostgresServer::start();
+    let client = connect(&server).await;
+    let plain = FencedTable::new("plain").unwrap();
+    plain.create(&client).await.unwrap();
+    assert_eq!(
+        plain.write(&client, "k", Fence(1), b"v").await.unwrap(),
+        FencedWrite::Written
+    );
+    let exists = |name: &'static str| {
+        let client = &client;
+        async move {
+            client
+                .query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])
+                .await
+                .unwrap()
+                .get::<_, bool>(0)
+        }
+    };
+    assert!(!exists("plain_audit").await, "off creates no audit table");
+    let err = plain.audit(&client, "k").await.unwrap_err();
+    assert!(
+        matches!(err, Error::NotAudited { ref table } if table == "plain"),
+        "{err}"
+    );
+
+    // One table, written through an audited and an unaudited `FencedTable`: only the
+    // audited writes leave rows.
+    let audited = FencedTable::new("shared")
+        .unwrap()
+        .with_audit(true)
+        .unwrap();
+    audited.create(&client).await.unwrap();
+    assert!(exists("shared_audit").await);
+    let unaudited = FencedTable::new("shared").unwrap();
+    for (table, fence) in [
+        (&audited, 1),
+        (&unaudited, 2),
+        (&unaudited, 3),
+        (&audited, 4),
+    ] {
+        assert!(table
+            .write(&client, "k", Fence(fence), b"v")
+            .await
+            .unwrap()
+            .is_written());
+    }
+    let fences: Vec<u64> = audited
+        .audit(&client, "k")
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.fence.0)
+        .collect();
+    assert_eq!(fences, [1, 4]);
 }

@@ -6,7 +6,7 @@ use leasehold::Fence;
 use rusqlite::Connection;
 
 use super::FencedTable;
-use crate::{Error, Fenced, FencedWrite};
+use crate::{Admitted, Error, Fenced, FencedWrite};
 
 /// A [`FencedTable`] and the one SQLite connection it writes through, for async code:
 /// each call runs on tokio's blocking pool (`spawn_blocking`), so a write that waits
@@ -83,6 +83,21 @@ impl AsyncFencedTable {
             .await
     }
 
+    /// [`FencedTable::audit`], on the blocking pool (build the table with
+    /// [`FencedTable::with_audit`]).
+    pub async fn audit(&self, key: &str) -> Result<Vec<Admitted>, Error> {
+        self.audit_after(key, 0).await
+    }
+
+    /// [`FencedTable::audit_after`], on the blocking pool.
+    pub async fn audit_after(&self, key: &str, after: i64) -> Result<Vec<Admitted>, Error> {
+        let owned = key.to_owned();
+        self.run(key.to_owned(), move |table, conn| {
+            table.audit_after(conn, &owned, after)
+        })
+        .await
+    }
+
     /// Runs `call` on the blocking pool with the connection.
     async fn run<T: Send + 'static>(
         &self,
@@ -92,7 +107,8 @@ impl AsyncFencedTable {
         let (table, conn) = (Arc::clone(&self.table), Arc::clone(&self.conn));
         let task = tokio::task::spawn_blocking(move || {
             // A call that panicked left the connection as SQLite left it (each
-            // statement is atomic): the next call may use it.
+            // statement is atomic, and an audited write's transaction rolls back as
+            // it unwinds): the next call may use it.
             let conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
             call(&table, &conn)
         });
