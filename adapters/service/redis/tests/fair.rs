@@ -409,6 +409,21 @@ fn garbage_in_the_queue_keys_is_refused_before_anything_is_written() {
     });
 }
 
+/// Redis's own time per `EVALSHA` since the last `CONFIG RESETSTAT` (script time on
+/// the server, without the round trip): `INFO commandstats`' line for it.
+async fn evalsha_stats(raw: &mut redis::aio::MultiplexedConnection) -> String {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(raw)
+        .await
+        .unwrap();
+    info.lines()
+        .find(|line| line.starts_with("cmdstat_evalsha:"))
+        .unwrap_or("no EVALSHA")
+        .trim()
+        .to_owned()
+}
+
 fn sv(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| (*s).to_owned()).collect()
 }
@@ -431,8 +446,9 @@ async fn dump(raw: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<Opt
 
 /// What a fair acquire costs next to a plain one, on one connection, one at a time:
 /// the grant of a free key and the answer to a contender while it is held (the
-/// contender's place refreshed). `cargo test -p leasehold-redis --test fair --
-/// --nocapture acquire_latency` prints the medians.
+/// contender's place refreshed), as round trips and as Redis's own time per script
+/// (`INFO commandstats`: acquires and releases together). `cargo test -p
+/// leasehold-redis --test fair -- --nocapture acquire_latency` prints them.
 #[test]
 fn acquire_latency_fair_and_plain() {
     const ROUNDS: usize = 2_000;
@@ -443,6 +459,11 @@ fn acquire_latency_fair_and_plain() {
         let mut raw = raw(&server.url()).await;
         for (label, service) in [("plain", &plain), ("fair", &fair), ("plain", &plain), ("fair", &fair)] {
             let key = format!("latency-{label}");
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
             let (mut grant, mut busy) = (Vec::new(), Vec::new());
             let other = token();
             for _ in 0..ROUNDS {
@@ -483,6 +504,40 @@ fn acquire_latency_fair_and_plain() {
                 median(&busy),
                 busy[busy.len() * 99 / 100],
             );
+            println!("{label}: {}", evalsha_stats(&mut raw).await);
         }
+        // A deep queue: 100 places; the one in the middle asks again and again (its
+        // place refreshed: ZSCORE, HGET, HSET, no walk while the key is held).
+        let key = "latency-deep";
+        fair.try_acquire(key, token(), &id("h"), ms(60_000))
+            .await
+            .unwrap();
+        let waiters: Vec<OwnerToken> = (0..100).map(|_| token()).collect();
+        for w in &waiters {
+            fair.try_acquire(key, *w, &id("w"), ms(60_000))
+                .await
+                .unwrap();
+        }
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        let mut busy = Vec::new();
+        for _ in 0..ROUNDS {
+            let started = std::time::Instant::now();
+            fair.try_acquire(key, waiters[50], &id("w"), ms(60_000))
+                .await
+                .unwrap();
+            busy.push(started.elapsed());
+        }
+        busy.sort();
+        println!(
+            "fair, 100 waiting: answer while held median {:?} p99 {:?}",
+            busy[busy.len() / 2],
+            busy[busy.len() * 99 / 100]
+        );
+        println!("fair, 100 waiting: {}", evalsha_stats(&mut raw).await);
+        assert_eq!(fair.waiting(key).await.unwrap().len(), 100);
     });
 }
