@@ -33,8 +33,11 @@ use crate::scripts::{parse_acquire, AcquireReply};
 /// * the key is held (by anyone), or free and the queue has no live place, or free
 ///   and this token's place is the first live one: `ACQUIRE` runs and answers as it
 ///   does (`{1, fence}`, `{2, fence}`, `{0, fence, identity, pttl}`, `{3, ms}`);
-/// * otherwise (free, another contender's turn): `{4, identity, ms}`, the identity in
-///   the first live place and how long that place lasts.
+/// * otherwise (free, another contender's turn) the quarantine comes first, as in
+///   `ACQUIRE`: an epoch marker that is missing or another process's makes `ACQUIRE`
+///   run (it can only start the epoch and answer `{3, ms}`: it grants no key then), a
+///   quarantine under way answers `{3, ms left}`; past it, `{4, identity, ms}`, the
+///   identity in the first live place and how long that place lasts.
 ///
 /// Then the places ahead of the first live one whose deadline passed are removed; a
 /// grant (`1` or `2`) removes this token's place; any other answer keeps it (or adds
@@ -44,7 +47,7 @@ pub static FAIR_ACQUIRE: LazyLock<String> =
     LazyLock::new(|| ["local function a()\n", crate::scripts::ACQUIRE, FAIR_QUEUE].concat());
 
 /// SHA1 of [`FAIR_ACQUIRE`], lowercase hex: what `EVALSHA` names it by.
-pub const FAIR_ACQUIRE_SHA: &str = "df24cf2917437484f4b26ef511269f9bb9d46b02";
+pub const FAIR_ACQUIRE_SHA: &str = "13feb1a2b93a53cc45da28c42ec222a0e74f3336";
 
 /// The queue part of [`FAIR_ACQUIRE`], after `ACQUIRE` as the body of `a()`.
 const FAIR_QUEUE: &str = r"
@@ -85,7 +88,17 @@ if v or not h or h==t then
 r=a()
 if r.err then return r end
 else
+local I=M(R('INFO','server'),'run_id:(%x+)') or ''
+local e=R('GET',KEYS[3])
+local q=e and M(e,'^'..I..' (%d+)$')
+if not q then
+r=a()
+if r.err then return r end
+elseif q-n>0 then
+r={3,q-n}
+else
 r={4,hi,hd-n}
+end
 end
 for _,m in ipairs(x) do
 R('ZREM',Q,m)

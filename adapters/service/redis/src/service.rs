@@ -329,10 +329,10 @@ where
     ///   free key waits for it, at most the TTL it asked after its last attempt. (A
     ///   release never removes a place.)
     /// * **Everything else is unchanged:** fences, renewals, releases, `holder`, the
-    ///   quarantine after a loss of state (checked first, as without it, when the key
-    ///   is free and it is this contender's turn; while it is another's, the answer
-    ///   names that one), and exclusivity, which never depends on the queue: the queue
-    ///   only decides *who* may take a free key. The order is the order in which
+    ///   quarantine after a loss of state (checked first, as without it: a free key in
+    ///   quarantine answers [`Acquired::Quarantined`] whoever's turn it is), and
+    ///   exclusivity, which never depends on the queue: the queue only decides *who*
+    ///   may take a free key. The order is the order in which
     ///   Redis ran the contenders' first attempts.
     /// * **Cost.** One script per attempt as without it, which also reads and writes
     ///   the queue: three more keys per lock in its slot ([`QueueKeys`](crate::QueueKeys)),

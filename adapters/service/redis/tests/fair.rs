@@ -176,6 +176,77 @@ fn a_contender_that_stops_asking_is_skipped_within_its_ttl() {
     });
 }
 
+/// The quarantine after a loss of state comes first, as without the queue: once the
+/// epoch marker is gone (a flushed or restarted Redis), a contender behind another's
+/// turn is told the quarantine, not the turn, and starts the new epoch as a plain
+/// acquire would; nobody is granted until it ends, then the first in line is.
+#[test]
+fn a_quarantine_comes_before_another_contenders_turn() {
+    const KEY: &str = "fair-quarantine";
+    let server = RedisServer::start();
+    runtime().block_on(async {
+        let service = service_with_max_ttl(&server.url(), std_ms(500))
+            .await
+            .with_fair(true);
+        let mut raw = raw(&server.url()).await;
+        let (h, b, c) = (token(), token(), token());
+        service
+            .try_acquire(KEY, h, &id("h"), ms(500))
+            .await
+            .unwrap();
+        for (t, name) in [(b, "b"), (c, "c")] {
+            service
+                .try_acquire(KEY, t, &id(name), ms(500))
+                .await
+                .unwrap();
+        }
+        service.try_release(KEY, h).await.unwrap();
+        let _: () = raw.del(lua::EPOCH_KEY).await.unwrap();
+        let answer = service
+            .try_acquire(KEY, c, &id("c"), ms(500))
+            .await
+            .unwrap();
+        assert!(
+            matches!(answer, Acquired::Quarantined { remaining } if remaining == ms(500)),
+            "{answer:?}"
+        );
+        let marker: Option<String> = raw.get(lua::EPOCH_KEY).await.unwrap();
+        assert!(marker.is_some(), "c's attempt started the new epoch");
+        let answer = service
+            .try_acquire(KEY, c, &id("c"), ms(500))
+            .await
+            .unwrap();
+        assert!(
+            matches!(answer, Acquired::Quarantined { remaining } if remaining <= ms(500)),
+            "{answer:?}"
+        );
+        // Both keep asking (as leases do); b, first in line, is granted once the
+        // quarantine ends, and c is told whose turn it was until then.
+        wait_for("b granted after the quarantine", std_ms(3_000), || {
+            let service = service.clone();
+            async move {
+                let answer_c = service
+                    .try_acquire(KEY, c, &id("c"), ms(500))
+                    .await
+                    .unwrap();
+                assert!(
+                    !matches!(answer_c, Acquired::Granted { .. }),
+                    "c granted ahead of b: {answer_c:?}"
+                );
+                matches!(
+                    service
+                        .try_acquire(KEY, b, &id("b"), ms(500))
+                        .await
+                        .unwrap(),
+                    Acquired::Granted { .. }
+                )
+            }
+        })
+        .await;
+        assert_eq!(service.waiting(KEY).await.unwrap(), [id("c")]);
+    });
+}
+
 /// A contender keeps its first place however often it asks, and one that asks again
 /// after its place expired goes to the back.
 #[test]
