@@ -161,6 +161,14 @@ pub struct RunArgs {
     #[arg(long, value_parser = duration::parse)]
     pub kill_after: Option<Duration>,
 
+    /// Wait in line: contenders that ask with --fair are granted the key in the order
+    /// they first asked (Redis; etcd once this build offers it; refused on PostgreSQL).
+    /// A contender that stops asking (killed, --wait ran out) leaves the line within
+    /// its --ttl; until then a free key waits for it when it is its turn. Give --fair
+    /// to every contender of the key: one without it ignores the line.
+    #[arg(long)]
+    pub fair: bool,
+
     /// Who holds the key, as contenders and `status` show it (default hostname:pid).
     #[arg(long)]
     pub identity: Option<String>,

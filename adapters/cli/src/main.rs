@@ -122,6 +122,7 @@ async fn dispatch(cli: Cli) -> u8 {
         max_ttl: cli.max_ttl,
         down,
         create_tables: !matches!(cli.command, Command::Status(_)),
+        fair: matches!(&cli.command, Command::Run(args) if args.fair),
     };
     let service = match service::connect(url, &settings).await {
         Ok(service) => service,

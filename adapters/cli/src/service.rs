@@ -72,6 +72,17 @@ pub struct Settings<'a> {
     pub down: Down,
     /// Whether to create the lock service's tables if they are missing (PostgreSQL).
     pub create_tables: bool,
+    /// `run --fair`: first-in, first-out waiting (Redis).
+    pub fair: bool,
+}
+
+/// `--fair` on a service that does not offer first-in, first-out waiting: a usage
+/// error before anything connects.
+fn no_fair(service: &str) -> String {
+    format!(
+        "--fair is offered on Redis and etcd, not on {service}: leave it out to take the \
+         key whenever it is free"
+    )
 }
 
 /// A password kept out of the URL; never shown (its `Debug` hides it).
@@ -136,6 +147,7 @@ pub async fn connect(url: &str, settings: &Settings<'_>) -> Result<Service, Stri
         max_ttl,
         down,
         create_tables,
+        fair,
         ..
     } = *settings;
     let tls = TlsPem::read(settings)?;
@@ -168,7 +180,7 @@ pub async fn connect(url: &str, settings: &Settings<'_>) -> Result<Service, Stri
             }
             Err(e) => return Err(e.to_string()),
         };
-        return Ok(Service::Redis(Arc::new(service)));
+        return Ok(Service::Redis(Arc::new(service.with_fair(fair))));
     }
     let etcd = url
         .strip_prefix("etcd+http://")
@@ -180,6 +192,10 @@ pub async fn connect(url: &str, settings: &Settings<'_>) -> Result<Service, Stri
     if let Some((rest, scheme)) = etcd {
         if tls.is_some() && scheme == "http" {
             return Err(tls_needs("etcd+https://"));
+        }
+        // etcd: refused until `EtcdLockService::with_fair` is in this tree.
+        if fair {
+            return Err(no_fair("etcd in this build"));
         }
         let (user, hosts) = etcd_hosts(rest, password.is_some())
             .map_err(|why| format!("unusable etcd URL: {why}"))?;
@@ -218,6 +234,9 @@ pub async fn connect(url: &str, settings: &Settings<'_>) -> Result<Service, Stri
         return Ok(Service::Etcd(Arc::new(service)));
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        if fair {
+            return Err(no_fair("PostgreSQL"));
+        }
         let url = match password {
             Some(password) => with_password(url, &password.0)?,
             None => url.to_owned(),

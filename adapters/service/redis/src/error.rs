@@ -33,6 +33,8 @@ pub enum Op {
     FencedRead,
     /// [`mark_data_set_new`](crate::RedisLockService::mark_data_set_new).
     MarkNew,
+    /// [`waiting`](crate::RedisLockService::waiting).
+    Waiting,
 }
 
 impl fmt::Display for Op {
@@ -47,6 +49,7 @@ impl fmt::Display for Op {
             Op::FencedWrite => "fenced write",
             Op::FencedRead => "fenced read",
             Op::MarkNew => "mark the data set new",
+            Op::Waiting => "waiting",
         })
     }
 }

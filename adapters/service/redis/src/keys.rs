@@ -113,6 +113,44 @@ impl FencedKeys {
     }
 }
 
+/// The queue of lock `name` on a fair service
+/// ([`RedisLockService::with_fair`](crate::RedisLockService::with_fair)): who waits,
+/// in which order, until when. Three keys with the lock's hash tag, so in its slot;
+/// each expires once no place in it is live. Names that no lock and no fenced
+/// resource uses.
+///
+/// ```
+/// let keys = leasehold_redis::QueueKeys::new("orders").unwrap();
+/// assert_eq!(keys.queue, "{orders}:queue");
+/// assert_eq!(keys.waiters, "{orders}:waiters");
+/// assert_eq!(keys.arrivals, "{orders}:arrivals");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct QueueKeys {
+    /// `{name}:queue`: a sorted set, member an owner token, score its arrival number.
+    pub queue: String,
+    /// `{name}:waiters`: a hash, owner token → `<deadline ms>\n<identity>` (the
+    /// deadline on Redis's clock).
+    pub waiters: String,
+    /// `{name}:arrivals`: the arrival counter.
+    pub arrivals: String,
+}
+
+impl QueueKeys {
+    /// The queue keys of lock `name`, if `name` follows the key rules
+    /// ([`leasehold::check_key`]), as for a lock.
+    pub fn new(name: &str) -> Result<QueueKeys, KeyError> {
+        leasehold::check_key(name)?;
+        let [queue, waiters, arrivals] =
+            QUEUE_SUFFIXES.map(|suffix| ["{", name, "}", suffix].concat());
+        Ok(QueueKeys {
+            queue,
+            waiters,
+            arrivals,
+        })
+    }
+}
+
 /// Where a lock's epoch marker lives (see [`lua::ACQUIRE`](crate::lua::ACQUIRE)): one
 /// for the whole data set on a standalone Redis, one per slot on a cluster (a script
 /// touches only keys of its lock's slot, and each slot is lost or kept with the node
@@ -173,6 +211,24 @@ pub(crate) struct LockKey<'a>(pub(crate) &'a str);
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct FenceKey<'a>(pub(crate) &'a str);
 
+/// One queue key of `name`, `{name}` and a suffix of [`QUEUE_SUFFIXES`], written
+/// straight into a command like [`LockKey`] (the fair acquire,
+/// [`RedisLockService::with_fair`](crate::RedisLockService::with_fair)).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct QueueKey<'a>(&'a str, &'static str);
+
+/// The three queue keys of `name`, `{name}:queue`, `{name}:waiters` and
+/// `{name}:arrivals`, in the order the fair scripts take them: three arguments (a
+/// tuple of them counts as three; a value writing three would count as one).
+pub(crate) fn queue_keys(name: &str) -> (QueueKey<'_>, QueueKey<'_>, QueueKey<'_>) {
+    let [queue, waiters, arrivals] = QUEUE_SUFFIXES.map(|suffix| QueueKey(name, suffix));
+    (queue, waiters, arrivals)
+}
+
+/// The suffixes of the queue keys, in the order the fair scripts take them (the one
+/// definition of their names).
+const QUEUE_SUFFIXES: [&str; 3] = [":queue", ":waiters", ":arrivals"];
+
 /// `{name}`, in pieces (the one definition of the lock key).
 fn lock_key(name: &str) -> [&str; 3] {
     ["{", name, "}"]
@@ -192,6 +248,12 @@ impl ToRedisArgs for LockKey<'_> {
 impl ToRedisArgs for FenceKey<'_> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
         write_arg(out, &fence_key(self.0).map(str::as_bytes));
+    }
+}
+
+impl ToRedisArgs for QueueKey<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        write_arg(out, &["{", self.0, "}", self.1].map(str::as_bytes));
     }
 }
 
@@ -233,5 +295,14 @@ mod tests {
         expected.arg(&keys.lock).arg(&keys.fence);
         assert_eq!(written.get_packed_command(), expected.get_packed_command());
         assert_eq!((LockKey("a"), FenceKey("a")).num_of_args(), 2);
+        let queue = QueueKeys::new("orders").unwrap();
+        let (mut written, mut expected) = (redis::Cmd::new(), redis::Cmd::new());
+        written.arg(queue_keys("orders"));
+        expected
+            .arg(&queue.queue)
+            .arg(&queue.waiters)
+            .arg(&queue.arrivals);
+        assert_eq!(written.get_packed_command(), expected.get_packed_command());
+        assert_eq!(queue_keys("a").num_of_args(), 3);
     }
 }

@@ -10,6 +10,7 @@
 mod cluster;
 mod connect;
 mod error;
+mod fair;
 mod keys;
 mod lock_service;
 mod scripts;
@@ -22,7 +23,7 @@ mod tls;
 pub use cluster::{ClusterConnection, RedisClusterLockService};
 pub use connect::Builder;
 pub use error::{Op, ProtocolError, RedisLockError};
-pub use keys::{FencedKeys, Keys};
+pub use keys::{FencedKeys, Keys, QueueKeys};
 /// The answer of [`RedisLockService::fenced_write`] and the value
 /// [`RedisLockService::fenced_read`] returns, shared with the SQL stores of
 /// `leasehold-storage`.
@@ -33,6 +34,9 @@ pub use service::{Acquired, RedisLockService, Released, Renewed, DEFAULT_MAX_TTL
 /// `redis-benchmark`, or to `SCRIPT LOAD` them by hand). Each documents its keys,
 /// arguments and answers.
 pub mod lua {
+    /// The fair scripts ([`RedisLockService::with_fair`](crate::RedisLockService::with_fair)),
+    /// in this crate only, and their SHA1s.
+    pub use crate::fair::{FAIR_ACQUIRE, FAIR_ACQUIRE_SHA, WAITING, WAITING_SHA};
     pub use crate::scripts::{
         ACQUIRE, EPOCH_KEY, FENCED_WRITE, HOLDER, NEW_EPOCH, RAISE_FENCE, RELEASE, RENEW,
     };

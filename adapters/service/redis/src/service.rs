@@ -10,7 +10,8 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 
 use crate::error::{Op, ProtocolError, RedisLockError};
-use crate::keys::{EpochScope, FenceKey, FencedKeys, LockKey};
+use crate::fair;
+use crate::keys::{queue_keys, EpochScope, FenceKey, FencedKeys, LockKey};
 use crate::scripts::{self, AcquireReply, ValuePrefix};
 
 /// How many script calls one service (all its clones) keeps on the wire at once by
@@ -67,6 +68,8 @@ pub struct RedisLockService<C = ConnectionManager> {
     max_ttl: Duration,
     /// Replicas that must have a grant or a renewal before it counts (`WAIT`).
     min_replicas: u32,
+    /// First-in, first-out waiting ([`with_fair`](RedisLockService::with_fair)).
+    fair: bool,
     shared: Arc<Shared>,
     /// Permits to have a script call on the wire ([`MAX_IN_FLIGHT`] by default).
     in_flight: Arc<tokio::sync::Semaphore>,
@@ -82,6 +85,10 @@ struct Shared {
     holder: Script,
     raise_fence: Script,
     fenced_write: Script,
+    /// The fair scripts: loaded on their first use (`NOSCRIPT`), so a service that is
+    /// not fair loads nothing more.
+    fair_acquire: Script,
+    waiting: Script,
     reloads: AtomicU64,
     /// Where each lock's epoch marker lives.
     epoch: EpochScope,
@@ -108,6 +115,7 @@ impl<C> std::fmt::Debug for RedisLockService<C> {
             .field("request_timeout", &self.request_timeout)
             .field("max_ttl", &self.max_ttl)
             .field("min_replicas", &self.min_replicas)
+            .field("fair", &self.fair)
             .field(
                 "script_reloads",
                 &self.shared.reloads.load(Ordering::Relaxed),
@@ -217,6 +225,7 @@ where
             request_timeout: None,
             max_ttl: Duration::from(DEFAULT_MAX_TTL),
             min_replicas: 0,
+            fair: false,
             shared: Arc::new(Shared {
                 endpoint: endpoint.to_owned(),
                 acquire: Script::new(scripts::ACQUIRE),
@@ -225,6 +234,8 @@ where
                 holder: Script::new(scripts::HOLDER),
                 raise_fence: Script::new(scripts::RAISE_FENCE),
                 fenced_write: Script::new(scripts::FENCED_WRITE),
+                fair_acquire: Script::new(&fair::FAIR_ACQUIRE),
+                waiting: Script::new(fair::WAITING),
                 reloads: AtomicU64::new(0),
                 epoch,
             }),
@@ -294,6 +305,74 @@ where
     /// ([`with_min_replicas`](Self::with_min_replicas)).
     pub fn min_replicas(&self) -> u32 {
         self.min_replicas
+    }
+
+    /// Makes every acquire through this service (and its clones made after this) wait
+    /// its turn, first in, first out (default `false`: whoever asks first after the
+    /// key is freed takes it, as before).
+    ///
+    /// * **Order.** An acquire that is not granted at once (the key is held, or it is
+    ///   free and another contender's turn) takes a place at the back of the key's
+    ///   queue, once: a later attempt by the same owner token keeps its place. A free
+    ///   key is granted only to the contender in the first live place (or to anyone
+    ///   while no place is live), and the grant removes its place. While the key is
+    ///   free and it is another contender's turn, the answer is
+    ///   [`Acquired::HeldByAnother`] with [`Holder::turn_of`] (fence 0, that
+    ///   contender's identity, how long its place lasts).
+    /// * **Leaving within the TTL.** Each attempt keeps its place for the TTL it
+    ///   asked, on Redis's clock. A lease retries every `retry_interval`, far below
+    ///   its TTL, so a live contender keeps its place; one that stops asking (killed,
+    ///   gave up, its `max_wait` passed) loses it at most that TTL after its last
+    ///   attempt. Asking again after that puts it at the back.
+    /// * **What a contender that gives up costs the ones behind it.** Its place stays
+    ///   until its deadline: when it reaches the front of the queue before that, a
+    ///   free key waits for it, at most the TTL it asked after its last attempt. (A
+    ///   release never removes a place.)
+    /// * **Everything else is unchanged:** fences, renewals, releases, `holder`, the
+    ///   quarantine after a loss of state (checked first, as without it: a free key in
+    ///   quarantine answers [`Acquired::Quarantined`] whoever's turn it is), and
+    ///   exclusivity, which never depends on the queue: the queue only decides *who*
+    ///   may take a free key. The order is the order in which
+    ///   Redis ran the contenders' first attempts.
+    /// * **Cost.** One script per attempt as without it, which also reads and writes
+    ///   the queue: three more keys per lock in its slot ([`QueueKeys`](crate::QueueKeys)),
+    ///   each expiring with the longest live place. `false` sends the same script as
+    ///   before.
+    /// * **Redis Cluster.** The queue keys carry the lock's hash tag, so they live on
+    ///   the node that serves the lock, and a `RedisClusterLockService` (feature
+    ///   `cluster`: this same type over a cluster connection) queues alike. A failover that loses recent
+    ///   writes may lose places (their contenders take new ones at the back) but
+    ///   never a grant's exclusivity (the quarantine keeps that).
+    ///
+    /// All clients of one lock should agree: a client that is not fair ignores the
+    /// queue and may take a free key ahead of it.
+    #[must_use]
+    pub fn with_fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
+    /// Whether acquires wait their turn ([`with_fair`](Self::with_fair)).
+    pub fn fair(&self) -> bool {
+        self.fair
+    }
+
+    /// Who waits for lock `name` on a fair service, in arrival order: the identity of
+    /// each live place (its deadline not passed on Redis's clock; places whose
+    /// deadline passed are left out, as the next grant skips them). Empty when
+    /// nobody waits or the service has never been fair for this lock. Changes
+    /// nothing.
+    ///
+    /// Fails with `Refused` (`LEASEHOLD` or `WRONGTYPE`) when the queue keys hold what
+    /// the fair acquire never writes.
+    pub async fn waiting(&self, name: &str) -> Result<Vec<Identity>, RedisLockError> {
+        let op = Op::Waiting;
+        let name = checked(op, name)?;
+        // All three queue keys (the script reads the first two).
+        let value = self
+            .eval(op, &self.shared.waiting, queue_keys(name), NO_ARGS)
+            .await?;
+        fair::parse_waiting(&value).map_err(|e| self.protocol(e))
     }
 
     /// How many replicas are connected to the primary now (`connected_slaves` of
@@ -374,28 +453,51 @@ where
         let quarantine = leasehold_resp::scripts::ttl_ms(self.max_ttl).0;
         let encoded = token.encode();
         let epoch = self.epoch_key(name);
-        let (value, replicas) = self
-            .eval_replicated(
+        let args = (encoded.as_str(), ms, identity.as_str(), quarantine);
+        let (value, replicas) = if self.fair {
+            self.eval_replicated(
+                op,
+                &self.shared.fair_acquire,
+                {
+                    let (queue, waiters, arrivals) = queue_keys(name);
+                    (
+                        LockKey(name),
+                        FenceKey(name),
+                        &*epoch,
+                        queue,
+                        waiters,
+                        arrivals,
+                    )
+                },
+                args,
+            )
+            .await?
+        } else {
+            self.eval_replicated(
                 op,
                 &self.shared.acquire,
                 (LockKey(name), FenceKey(name), &*epoch),
-                (encoded.as_str(), ms, identity.as_str(), quarantine),
+                args,
             )
-            .await?;
-        Ok(
-            match scripts::parse_acquire(&value).map_err(|e| self.protocol(e))? {
-                AcquireReply::Granted { fence, regranted } => {
-                    self.replicated(op, replicas)?;
-                    Acquired::Granted {
-                        fence,
-                        ttl: applied,
-                        regranted,
-                    }
+            .await?
+        };
+        let reply = if self.fair {
+            fair::parse_fair_acquire(&value)
+        } else {
+            scripts::parse_acquire(&value)
+        };
+        Ok(match reply.map_err(|e| self.protocol(e))? {
+            AcquireReply::Granted { fence, regranted } => {
+                self.replicated(op, replicas)?;
+                Acquired::Granted {
+                    fence,
+                    ttl: applied,
+                    regranted,
                 }
-                AcquireReply::HeldByAnother(holder) => Acquired::HeldByAnother(holder),
-                AcquireReply::Quarantined(remaining) => Acquired::Quarantined { remaining },
-            },
-        )
+            }
+            AcquireReply::HeldByAnother(holder) => Acquired::HeldByAnother(holder),
+            AcquireReply::Quarantined(remaining) => Acquired::Quarantined { remaining },
+        })
     }
 
     /// Refuses a TTL above `max_ttl`: a grant (or a renewal) longer than the quarantine

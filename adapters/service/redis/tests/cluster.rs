@@ -371,3 +371,61 @@ async fn min_replicas_on_a_cluster_waits_for_each_slots_replica() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A fair service on a cluster (`with_fair(true)` on the same type): for keys on
+/// every primary, the queue keys share the lock's slot and contenders are granted in
+/// the order they queued, a latecomer being told whose turn it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_cluster_grants_in_queue_order_on_every_primary() {
+    use leasehold::{Fence, Identity, Term};
+    use leasehold_redis::{Acquired, QueueKeys};
+    let (cluster, service) = start_cluster().await;
+    let fair = (*service).clone().with_fair(true);
+    let ttl = StdDuration::from_secs(3);
+    let token = || leasehold_redis::random_owner().unwrap().token(Term(1));
+    let id = |s: &str| Identity::new(s).unwrap();
+    let mut primaries = BTreeSet::new();
+    for i in 0..6 {
+        let key = format!("fair-{i}");
+        let queue = QueueKeys::new(&key).unwrap();
+        for k in [&queue.queue, &queue.waiters, &queue.arrivals] {
+            assert_eq!(cluster.slot_of(k), slot(&key), "{k}");
+        }
+        primaries.insert(slot(&key) / 5_462);
+        let (h, a, b, c) = (token(), token(), token(), token());
+        let granted = fair.try_acquire(&key, h, &id("h"), ttl).await.unwrap();
+        assert!(matches!(granted, Acquired::Granted { .. }), "{granted:?}");
+        for (t, name) in [(a, "a"), (b, "b"), (c, "c")] {
+            let answer = fair.try_acquire(&key, t, &id(name), ttl).await.unwrap();
+            assert!(matches!(answer, Acquired::HeldByAnother(_)), "{answer:?}");
+        }
+        assert_eq!(
+            fair.waiting(&key).await.unwrap(),
+            [id("a"), id("b"), id("c")]
+        );
+        fair.try_release(&key, h).await.unwrap();
+        let line = [(a, "a"), (b, "b"), (c, "c")];
+        for (i, &(t, name)) in line.iter().enumerate() {
+            // Everyone behind `name` is told it is `name`'s turn.
+            for &(later, later_name) in &line[i + 1..] {
+                let answer = fair
+                    .try_acquire(&key, later, &id(later_name), ttl)
+                    .await
+                    .unwrap();
+                let Acquired::HeldByAnother(turn) = answer else {
+                    panic!("{answer:?}")
+                };
+                assert_eq!((turn.fence, turn.identity), (Fence(0), id(name)));
+            }
+            let granted = fair.try_acquire(&key, t, &id(name), ttl).await.unwrap();
+            assert!(
+                matches!(granted, Acquired::Granted { .. }),
+                "{name}: {granted:?}"
+            );
+            fair.try_release(&key, t).await.unwrap();
+        }
+        assert!(fair.waiting(&key).await.unwrap().is_empty());
+    }
+    // `RedisCluster::start(3, _)` gives each primary a third of the slots.
+    assert_eq!(primaries.len(), 3, "keys on every primary");
+}
