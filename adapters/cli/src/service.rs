@@ -193,15 +193,12 @@ pub async fn connect(url: &str, settings: &Settings<'_>) -> Result<Service, Stri
         if tls.is_some() && scheme == "http" {
             return Err(tls_needs("etcd+https://"));
         }
-        // etcd: refused until `EtcdLockService::with_fair` is in this tree.
-        if fair {
-            return Err(no_fair("etcd in this build"));
-        }
         let (user, hosts) = etcd_hosts(rest, password.is_some())
             .map_err(|why| format!("unusable etcd URL: {why}"))?;
         let endpoints: Vec<String> = hosts.iter().map(|h| format!("{scheme}://{h}")).collect();
         let mut builder = EtcdLockService::builder(&endpoints)
             .request_timeout(request_timeout)
+            .fair(fair)
             .max_ttl(max_ttl)
             .connect_timeout(request_timeout.max(Duration::from_millis(500)));
         match (user, password) {

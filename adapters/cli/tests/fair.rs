@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
-use leasehold_test_support::RedisServer;
+use leasehold_test_support::{EtcdCluster, RedisServer};
 
 const KEY: &str = "fair";
 
@@ -30,6 +30,28 @@ fn redis_waiting(url: &str) -> impl Fn(&str) -> Vec<String> + '_ {
         rt.block_on(async {
             let service = leasehold_redis::RedisLockService::builder(url)
                 .connect()
+                .await
+                .unwrap();
+            service
+                .waiting(key)
+                .await
+                .unwrap()
+                .iter()
+                .map(|identity| identity.as_str().to_owned())
+                .collect()
+        })
+    }
+}
+
+/// The queue of an etcd, through `EtcdLockService::waiting`.
+fn etcd_waiting(endpoints: Vec<String>) -> impl Fn(&str) -> Vec<String> {
+    move |key: &str| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let service = leasehold_etcd::EtcdLockService::connect(&endpoints)
                 .await
                 .unwrap();
             service
@@ -194,15 +216,26 @@ fn redis_a_killed_contender_is_skipped_within_its_ttl() {
     a_killed_contender_is_skipped_within_its_ttl(&url, &redis_waiting(&url));
 }
 
-/// On PostgreSQL (and on etcd, until this build offers it), `--fair` fails at start,
-/// before connecting (nothing listens on these ports), with exit 125.
+#[test]
+fn etcd_contenders_run_in_the_order_they_queued() {
+    let cluster = EtcdCluster::single();
+    let url = etcd_url(&cluster);
+    contenders_run_in_the_order_they_queued(&url, &etcd_waiting(cluster.endpoints()), 5);
+}
+
+#[test]
+fn etcd_a_killed_contender_is_skipped_within_its_ttl() {
+    let cluster = EtcdCluster::single();
+    let url = etcd_url(&cluster);
+    a_killed_contender_is_skipped_within_its_ttl(&url, &etcd_waiting(cluster.endpoints()));
+}
+
+/// On PostgreSQL, `--fair` fails at start, before connecting (nothing listens on this
+/// port), with exit 125.
 #[test]
 fn fair_where_it_is_not_offered_is_a_usage_error_at_start() {
     let dir = scratch("fair-usage");
-    for (url, service) in [
-        ("postgres://postgres@127.0.0.1:1/postgres", "PostgreSQL"),
-        ("etcd+http://127.0.0.1:1", "etcd"),
-    ] {
+    for (url, service) in [("postgres://postgres@127.0.0.1:1/postgres", "PostgreSQL")] {
         let mut cmd = leasehold(url, dir.path());
         cmd.args(["run", "--fair", "k", "--", "true"]);
         let out = output(cmd);
