@@ -4,7 +4,8 @@
 #     1,000 leases for a fraction of a second each, then two failover trials;
 #   - Redis with a replica: renewals with min_replicas(1) (each followed by WAIT) and
 #     without, the same K;
-#   - etcd: leasehold-etcd, raw keep-alive, raw keep-alive + txn, the same K;
+#   - etcd: leasehold-etcd, raw keep-alive, raw keep-alive + txn, the same K; fair
+#     acquires next to plain ones (10 of each);
 #   - PostgreSQL: leasehold-postgres, a raw tokio-postgres loop of the same UPDATE
 #     (prepared, and unnamed), the same K; then a lease-checked transaction next to a
 #     plain one;
@@ -28,5 +29,6 @@ export LEASEHOLD_BENCH_SMOKE=1
 cargo test -p leasehold-redis --features tls,cluster --locked \
     --bench renew --bench replicated --bench many_leases --bench cluster_renew --bench tls_renew
 cargo test -p leasehold-etcd --features tls --locked --bench renew_rate --bench tls_renew
+LEASEHOLD_BENCH_N=10 cargo test -p leasehold-etcd --features tls --locked --bench fair_acquire
 cargo test -p leasehold-postgres --bench renew --locked
 cargo test -p leasehold-tokio --bench many_leases --locked

@@ -206,7 +206,7 @@ fn a_killed_contender_is_skipped_within_its_ttl(url: &str, waiting: Waiting<'_>)
 fn redis_contenders_run_in_the_order_they_queued() {
     let server = RedisServer::start();
     let url = server.url();
-    contenders_run_in_the_order_they_queued(&url, &redis_waiting(&url), 5);
+    contenders_run_in_the_order_they_queued(&url, &redis_waiting(&url), 8);
 }
 
 #[test]
@@ -220,7 +220,7 @@ fn redis_a_killed_contender_is_skipped_within_its_ttl() {
 fn etcd_contenders_run_in_the_order_they_queued() {
     let cluster = EtcdCluster::single();
     let url = etcd_url(&cluster);
-    contenders_run_in_the_order_they_queued(&url, &etcd_waiting(cluster.endpoints()), 5);
+    contenders_run_in_the_order_they_queued(&url, &etcd_waiting(cluster.endpoints()), 8);
 }
 
 #[test]
