@@ -551,6 +551,38 @@ fn a_release_closes_the_gate_before_the_request_goes_out_and_never_waits_for_it(
     assert_eq!(shared.take_lost(), None);
 }
 
+/// A lease that released a held key lets `Config::release_backoff` (two retry
+/// intervals, 300 ms) pass before its next term contends, so a contender that waits
+/// for the key (retrying at most 225 ms apart) takes its turn first. A term after a
+/// loss or a first term contends at once.
+#[test]
+fn the_next_term_after_a_release_yields_a_turn() {
+    let _clock = virtual_clock();
+    let shared = LeaseShared::new();
+    let gateway = Gateway::new(&shared);
+    let mut lease = Lease::new(config(), Owner([7; 16]));
+
+    let first = async {
+        let end = run_term(&mut lease, &shared, target(&gateway), |_| {}).await;
+        let second = run_term(&mut lease, &shared, target(&gateway), |_| {}).await;
+        (end, second)
+    };
+    let user = async {
+        Timer::at(embassy_time::Instant::from_millis(1_500)).await;
+        shared.request_release();
+    };
+    let ran = drive(futures::future::join(first, user), at(3_000), |_| {});
+
+    assert!(ran.is_none(), "the second term holds the key until the end");
+    let acquires = millis(&gateway.sent(Kind::Acquire));
+    let release_backoff = config().release_backoff().as_millis();
+    assert_eq!(release_backoff, 300);
+    // The release went out at 1,500 ms and was answered at 1,520 ms, when the first
+    // term ended; the second term's first attempt waited 300 ms after that.
+    assert_eq!(acquires, [0, 1_520 + 300]);
+    assert_eq!(shared.check(), Ok(Fence(2)));
+}
+
 #[test]
 fn an_acquire_gives_up_at_its_bound_and_names_the_holder() {
     let _clock = virtual_clock();
