@@ -30,7 +30,7 @@ async fn concurrent_runs_on_one_service_do_not_interfere() {
 
 #[tokio::test(start_paused = true)]
 async fn every_clause_runs() {
-    assert_eq!(CLAUSES.len(), 25);
+    assert_eq!(CLAUSES.len(), 26);
     let unique: std::collections::HashSet<_> = CLAUSES.iter().collect();
     assert_eq!(unique.len(), CLAUSES.len());
     assert!(check_all(&MemoryService::new(), &caps()).await.is_empty());

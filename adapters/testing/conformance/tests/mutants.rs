@@ -42,6 +42,8 @@ enum Bug {
     HolderHangs,
     /// `revoked` completes at once.
     SpuriousRevocation,
+    /// `holder_changed` completes at once, whoever holds the key.
+    SpuriousHolderChange,
     /// Renewals answer `Renewed` and change nothing.
     RenewDoesNotExtend,
     /// The holder's re-acquire answers `Granted` and changes nothing.
@@ -419,6 +421,13 @@ impl LockService for Broken {
         }
         self.inner.revoked(&self.stored(key), token, fence).await
     }
+
+    async fn holder_changed(&self, key: &str, seen: Option<Fence>) {
+        if self.is(Bug::SpuriousHolderChange) {
+            return;
+        }
+        self.inner.holder_changed(&self.stored(key), seen).await
+    }
 }
 
 /// Runs the suite against `bug` and checks that `clause` is among the violations.
@@ -473,6 +482,7 @@ mutant! {
     release_by_prefix: ReleaseByPrefix => keys_that_share_a_prefix_are_separate;
     truncating_identities: TruncatesIdentity => identities_round_trip;
     spurious_revocation: SpuriousRevocation => revoked_fires_only_when_the_grant_is_gone;
+    spurious_holder_change: SpuriousHolderChange => holder_changed_fires_on_every_change;
     late_replies_taken_for_the_next: DesyncOnDrop => abandoned_requests_leave_nothing_behind;
     longer_ttl_than_reported: LongerTtl => the_ttl_is_hard;
     short_grant: ShortGrant => the_ttl_is_hard;
