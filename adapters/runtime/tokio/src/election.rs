@@ -116,12 +116,13 @@ impl<S: LockService + 'static> Election<S> {
     /// Every change of who leads, as a [`LeaderView`], starting with the current one.
     ///
     /// Pushed where the service can watch the key
-    /// ([`holder_changed`](leasehold_driver::LockService::holder_changed): etcd): a
-    /// change is reported one [`leader`](Self::leader) query after the watch event.
-    /// Polled as well, on every service: one [`leader`](Self::leader) query every
-    /// `retry_interval` of the config (T/20 by default; the cadence at which
-    /// campaigning candidates retry), which is how a service that cannot watch
-    /// (Redis, PostgreSQL) is followed. A query the service does not answer within
+    /// ([`holder_changed`](leasehold_driver::LockService::holder_changed): etcd's
+    /// watch; Redis's keyspace notifications where the server sends them): a change is
+    /// reported one [`leader`](Self::leader) query after the event. Polled as well, on
+    /// every service: one [`leader`](Self::leader) query every `retry_interval` of the
+    /// config (T/20 by default; the cadence at which campaigning candidates retry),
+    /// which is how a service that cannot watch (PostgreSQL, a Redis without
+    /// notifications) is followed. A query the service does not answer within
     /// the request timeout yields [`LeaderView::Unknown`] at once (the last leader is
     /// not reported as still leading): a stopped server is reported within
     /// `retry_interval` + `request_timeout`. The stream ends after a final refusal.

@@ -11,9 +11,12 @@ mod common;
 use std::sync::Arc;
 
 use common::{config, proxy_endpoint, service, service_on, std_ms, EtcdCluster, Proxy};
+use leasehold::{Config, Identity};
 use leasehold_test_support::election::{
-    five_candidates_scenario, run_scenario, RunScenario, Scenario,
+    five_candidates_scenario, observer_sees_each_change_by_the_watch, run_scenario, RunScenario,
+    Scenario,
 };
+use leasehold_tokio::Election;
 
 const KEY: &str = "election";
 // etcd TTLs are whole seconds, at least its minimum (1 s with the fast test timing).
@@ -77,14 +80,10 @@ fn five_runners_lead_one_at_a_time_and_the_observer_reports_a_stopped_server() {
 }
 
 /// `Election::observe` on etcd is pushed by a watch of the key: an observer that
-/// polls only every 20 s still reports the leader resigning and the next one
-/// elected within a second of each change (one watch event and one query).
+/// polls only every 20 s still reports the leader resigning and the next one elected
+/// within a second of each change (one watch event and one query).
 #[test]
 fn the_observer_sees_each_change_of_leader_by_the_watch_not_the_poll() {
-    use futures_util::StreamExt;
-    use leasehold::{Config, Identity};
-    use leasehold_tokio::{Election, LeaderView};
-
     let cluster = EtcdCluster::single();
     runtime().block_on(async {
         let poll = std_ms(20_000);
@@ -92,69 +91,20 @@ fn the_observer_sees_each_change_of_leader_by_the_watch_not_the_poll() {
             .retry_interval(common::ms(20_000))
             .build()
             .expect("valid config");
-        let observer = Election::new(
-            Arc::new(service(&cluster).await),
-            KEY,
-            Identity::new("observer").unwrap(),
-            observer_config,
-        )
-        .unwrap();
-        let candidate = |name: &'static str| {
+        let election = |name: &'static str, config: Config| {
             let cluster = &cluster;
             async move {
-                Election::new(
-                    Arc::new(service(cluster).await),
-                    KEY,
-                    Identity::new(name).unwrap(),
-                    config(TTL_MS),
-                )
-                .unwrap()
+                let service = Arc::new(service(cluster).await);
+                Election::new(service, KEY, Identity::new(name).unwrap(), config).unwrap()
             }
         };
-        let (a, b) = (candidate("a").await, candidate("b").await);
-        let within = std_ms(1_000);
-        let mut views = observer.observe();
-
-        assert_eq!(views.next().await, Some(LeaderView::Vacant));
-        let leader_a = a.campaign().await.unwrap();
-        let started = tokio::time::Instant::now();
-        let seen = tokio::time::timeout(poll / 2, views.next()).await;
-        let Ok(Some(LeaderView::Led(info))) = seen else {
-            panic!("no new leader reported within {:?}: {seen:?}", poll / 2)
-        };
-        assert_eq!(info.fence, leader_a.granted_fence());
-        assert!(
-            started.elapsed() < within,
-            "a's election reported after {:?}",
-            started.elapsed()
-        );
-
-        let started = tokio::time::Instant::now();
-        leader_a.resign().await;
-        assert_eq!(
-            tokio::time::timeout(poll / 2, views.next())
-                .await
-                .ok()
-                .flatten(),
-            Some(LeaderView::Vacant)
-        );
-        assert!(
-            started.elapsed() < within,
-            "a's resignation reported after {:?}",
-            started.elapsed()
-        );
-
-        let leader_b = b.campaign().await.unwrap();
-        let started = tokio::time::Instant::now();
-        let seen = tokio::time::timeout(poll / 2, views.next()).await;
-        let Ok(Some(LeaderView::Led(info))) = seen else {
-            panic!("no new leader reported within {:?}: {seen:?}", poll / 2)
-        };
-        assert_eq!(info.fence, leader_b.granted_fence());
-        assert!(
-            started.elapsed() < within,
-            "b's election reported after {:?}",
-            started.elapsed()
-        );
+        observer_sees_each_change_by_the_watch(
+            election("observer", observer_config).await,
+            election("a", config(TTL_MS)).await,
+            election("b", config(TTL_MS)).await,
+            poll,
+            std_ms(1_000),
+        )
+        .await;
     });
 }

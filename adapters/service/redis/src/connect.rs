@@ -157,7 +157,7 @@ impl Builder {
     pub async fn connect(self) -> Result<RedisLockService, RedisLockError> {
         let (client, config, endpoint) = self.client()?;
         self.check_max_ttl()?;
-        let conn = ConnectionManager::new_with_config(client, config)
+        let conn = ConnectionManager::new_with_config(client.clone(), config)
             .await
             .map_err(|e| RedisLockError::from_redis(Op::Connect, &endpoint, e))?;
         // Loading the scripts is bounded too: a server that accepted the connection
@@ -173,6 +173,7 @@ impl Builder {
                     after: bound,
                 })?;
         let service = loaded?
+            .with_notifications(client)
             .with_request_timeout(self.request_timeout)
             .with_max_ttl(self.max_ttl)
             .with_min_replicas(self.min_replicas)
@@ -207,10 +208,11 @@ impl Builder {
     pub async fn connect_lazily(self) -> Result<RedisLockService, RedisLockError> {
         let (client, config, endpoint) = self.client()?;
         self.check_max_ttl()?;
-        let manager = ConnectionManager::new_lazy_with_config(client, config)
+        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config)
             .map_err(|e| RedisLockError::from_redis(Op::Connect, &endpoint, e))?;
         Ok(
             RedisLockService::unloaded(manager, &endpoint, EpochScope::DataSet)
+                .with_notifications(client)
                 .with_request_timeout(self.request_timeout)
                 .with_max_ttl(self.max_ttl)
                 .with_min_replicas(self.min_replicas)

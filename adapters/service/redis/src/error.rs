@@ -35,6 +35,8 @@ pub enum Op {
     MarkNew,
     /// [`waiting`](crate::RedisLockService::waiting).
     Waiting,
+    /// [`watch_holder`](crate::RedisLockService::watch_holder): keyspace notifications.
+    HolderWatch,
 }
 
 impl fmt::Display for Op {
@@ -50,6 +52,7 @@ impl fmt::Display for Op {
             Op::FencedRead => "fenced read",
             Op::MarkNew => "mark the data set new",
             Op::Waiting => "waiting",
+            Op::HolderWatch => "holder watch",
         })
     }
 }

@@ -17,6 +17,7 @@ mod scripts;
 mod service;
 #[cfg(feature = "tls")]
 mod tls;
+mod watch;
 
 #[cfg(feature = "cluster")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]

@@ -105,6 +105,25 @@ where
         }
     }
 
+    /// Keyspace notifications ([`watch_holder`](RedisLockService::watch_holder)); never
+    /// completes where Redis sends none, so observers poll. After a failure (Redis
+    /// down, the subscription dropped) it watches again after a pause, from 100 ms
+    /// doubling up to 1.6 s.
+    async fn holder_changed(&self, key: &str, seen: Option<Fence>) {
+        let mut pause = std::time::Duration::from_millis(100);
+        loop {
+            match self.watch_holder(key, seen).await {
+                Ok(true) => return,
+                Ok(false) => return std::future::pending().await,
+                Err(e) => {
+                    tracing::debug!(key, op = %e.op(), error = %e, retry_in = ?pause, "holder watch failed; watching again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_millis(1_600));
+                }
+            }
+        }
+    }
+
     async fn holder(&self, key: &str) -> HolderOutcome {
         match self.try_holder(key).await {
             Ok(Some(holder)) => HolderOutcome::Held(holder),

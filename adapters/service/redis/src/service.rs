@@ -70,6 +70,9 @@ pub struct RedisLockService<C = ConnectionManager> {
     min_replicas: u32,
     /// First-in, first-out waiting ([`with_fair`](RedisLockService::with_fair)).
     fair: bool,
+    /// The client to subscribe to keyspace notifications with (`watch.rs`); set by
+    /// [`Builder`](crate::Builder), none on a connection of the caller's.
+    notifications: Option<redis::Client>,
     shared: Arc<Shared>,
     /// Permits to have a script call on the wire ([`MAX_IN_FLIGHT`] by default).
     in_flight: Arc<tokio::sync::Semaphore>,
@@ -226,6 +229,7 @@ where
             max_ttl: Duration::from(DEFAULT_MAX_TTL),
             min_replicas: 0,
             fair: false,
+            notifications: None,
             shared: Arc::new(Shared {
                 endpoint: endpoint.to_owned(),
                 acquire: Script::new(scripts::ACQUIRE),
@@ -415,6 +419,16 @@ where
         let calls = calls.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
         self.in_flight = Arc::new(tokio::sync::Semaphore::new(calls));
         self
+    }
+
+    /// Keyspace notifications are subscribed to with `client` (see `watch.rs`).
+    pub(crate) fn with_notifications(mut self, client: redis::Client) -> Self {
+        self.notifications = Some(client);
+        self
+    }
+
+    pub(crate) fn notification_client(&self) -> Option<&redis::Client> {
+        self.notifications.as_ref()
     }
 
     /// The connection, for the application's own commands.
@@ -901,7 +915,7 @@ where
     }
 
     /// `call`, bounded by the request timeout.
-    async fn bounded<T>(
+    pub(crate) async fn bounded<T>(
         &self,
         op: Op,
         call: impl std::future::Future<Output = Result<T, RedisLockError>>,

@@ -22,6 +22,32 @@ async fn redis_keeps_the_contract() {
     run_all(&service, &Capabilities::redis(Duration::from_millis(300))).await;
 }
 
+/// With keyspace notifications on, `holder_changed` is a watch: the clause checks it
+/// completes on every change of holder (and never while the holder stays), keys with
+/// odd characters included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_keyspace_notifications_holder_changed_fires_on_every_change() {
+    let server = RedisServer::start();
+    let service = RedisLockService::builder(server.url())
+        .request_timeout(StdDuration::from_secs(2))
+        .connect()
+        .await
+        .expect("connect to the test redis-server");
+    let mut conn = service.connection().clone();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("KA")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut caps = Capabilities::redis(Duration::from_millis(300));
+    caps.holder_watch = true;
+    let verdict =
+        leasehold_conformance::holder_changed_fires_on_every_change(&service, &caps).await;
+    assert!(verdict.is_ok(), "{verdict:?}");
+}
+
 /// The timing clauses see a Redis whose grants apply less than they report, and whose
 /// renewals report more than they apply, on Redis's own clock (about 0.7 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,9 +11,12 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
+use leasehold::{Config, Identity};
 use leasehold_test_support::election::{
-    five_candidates_scenario, run_scenario, RunScenario, Scenario,
+    five_candidates_scenario, observer_sees_each_change_by_the_watch, run_scenario, RunScenario,
+    Scenario,
 };
+use leasehold_tokio::Election;
 
 const KEY: &str = "election";
 const TTL_MS: u64 = 1_000;
@@ -71,6 +74,44 @@ fn five_runners_lead_one_at_a_time_and_the_observer_reports_a_stopped_server() {
             resume: || server.resume(),
             limit: std_ms(5_000),
         })
+        .await;
+    });
+}
+
+/// With keyspace notifications on (`notify-keyspace-events K$gxe`), `Election::observe`
+/// on Redis is pushed: an observer that polls only every 20 s reports an election, a
+/// resignation and the next election within a second of each. (Without them, the
+/// default, the observer polls: the tests above.)
+#[test]
+fn with_keyspace_notifications_the_observer_sees_each_change_by_the_watch() {
+    let server = RedisServer::start();
+    runtime().block_on(async {
+        let url = server.url();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("notify-keyspace-events")
+            .arg("K$gxe")
+            .query_async(&mut raw(&url).await)
+            .await
+            .unwrap();
+        let observer_config = Config::builder(ms(60_000))
+            .retry_interval(ms(20_000))
+            .build()
+            .expect("valid config");
+        let election = |name: &'static str, config: Config| {
+            let url = &url;
+            async move {
+                let service = Arc::new(service(url).await);
+                Election::new(service, KEY, Identity::new(name).unwrap(), config).unwrap()
+            }
+        };
+        observer_sees_each_change_by_the_watch(
+            election("observer", observer_config).await,
+            election("a", config(TTL_MS)).await,
+            election("b", config(TTL_MS)).await,
+            std_ms(20_000),
+            std_ms(1_000),
+        )
         .await;
     });
 }

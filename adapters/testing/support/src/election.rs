@@ -661,3 +661,48 @@ pub async fn run_scenario<S: LockService + 'static>(
     }
     println!("callbacks: {log:?}");
 }
+
+/// An observer that polls only every `poll` (its config's `retry_interval`) sees a
+/// candidate `a` elected, resigning, and `b` elected, each within `within` of the
+/// change: pushed by the service's watch of the key
+/// ([`LockService::holder_changed`]), not found by the poll. `a` and `b` campaign
+/// for the observer's key; the key starts free.
+pub async fn observer_sees_each_change_by_the_watch<S: LockService + 'static>(
+    observer: Election<S>,
+    a: Election<S>,
+    b: Election<S>,
+    poll: Duration,
+    within: Duration,
+) {
+    use futures_util::StreamExt;
+
+    let mut views = observer.observe();
+    assert_eq!(views.next().await, Some(LeaderView::Vacant));
+
+    let leader_a = a.campaign().await.expect("a is elected");
+    let started = Instant::now();
+    let seen = tokio::time::timeout(poll / 2, views.next()).await;
+    let Ok(Some(LeaderView::Led(info))) = seen else {
+        panic!("no new leader reported within {:?}: {seen:?}", poll / 2)
+    };
+    assert_eq!(info.fence, leader_a.granted_fence());
+    let took = started.elapsed();
+    assert!(took < within, "a's election reported after {took:?}");
+
+    let started = Instant::now();
+    leader_a.resign().await;
+    let seen = tokio::time::timeout(poll / 2, views.next()).await;
+    assert_eq!(seen.ok().flatten(), Some(LeaderView::Vacant));
+    let took = started.elapsed();
+    assert!(took < within, "a's resignation reported after {took:?}");
+
+    let leader_b = b.campaign().await.expect("b is elected");
+    let started = Instant::now();
+    let seen = tokio::time::timeout(poll / 2, views.next()).await;
+    let Ok(Some(LeaderView::Led(info))) = seen else {
+        panic!("no new leader reported within {:?}: {seen:?}", poll / 2)
+    };
+    assert_eq!(info.fence, leader_b.granted_fence());
+    let took = started.elapsed();
+    assert!(took < within, "b's election reported after {took:?}");
+}
