@@ -7,17 +7,52 @@ use crate::exit;
 use crate::run::fail;
 use crate::service::Service;
 
-/// Prints who holds `key`; exits 0 when it is held, 1 ([`exit::FREE`]) when it is
-/// free, 125 when the service refused or did not answer: `if leasehold status k` reads
-/// "if k is held".
-pub async fn status<S: LockService>(service: &S, key: &str, json: bool) -> u8 {
+/// Prints who holds `key`, and who waits for it in line (`waiting`: the fair queue of
+/// Redis and etcd, arrival order; shown only when someone waits); exits 0 when it is
+/// held, 1 ([`exit::FREE`]) when it is free, 125 when the service refused or did not
+/// answer: `if leasehold status k` reads "if k is held". A queue that cannot be read
+/// is said on stderr and changes no exit code.
+pub async fn status<S: LockService>(
+    service: &S,
+    key: &str,
+    json: bool,
+    waiting: Result<Vec<leasehold::Identity>, String>,
+) -> u8 {
     if let Err(e) = leasehold::check_key(key) {
         return fail(&format!("{key:?}: {e}"));
     }
+    let waiting = waiting.unwrap_or_else(|e| {
+        note!("the queue of {key:?} could not be read: {e}");
+        Vec::new()
+    });
+    let code = holder(service, key, json, &waiting).await;
+    if !json && !waiting.is_empty() && code != exit::FAILURE {
+        let names: Vec<String> = waiting
+            .iter()
+            .map(|w| format!("{:?}", w.as_str()))
+            .collect();
+        out!("waiting in line: {}", names.join(", "));
+    }
+    code
+}
+
+/// The holder line of [`status`], with the queue in the JSON form.
+async fn holder<S: LockService>(
+    service: &S,
+    key: &str,
+    json: bool,
+    waiting: &[leasehold::Identity],
+) -> u8 {
+    let queue = if waiting.is_empty() {
+        String::new()
+    } else {
+        let names: Vec<String> = waiting.iter().map(|w| json_string(w.as_str())).collect();
+        format!(",\"waiting\":[{}]", names.join(","))
+    };
     match LockService::holder(service, key).await {
         HolderOutcome::Held(h) if json => {
             out!(
-                "{{\"key\":{},\"held\":true,\"holder\":{},\"fence\":{},\"remaining_ms\":{}}}",
+                "{{\"key\":{},\"held\":true,\"holder\":{},\"fence\":{},\"remaining_ms\":{}{queue}}}",
                 json_string(key),
                 json_string(h.identity.as_str()),
                 h.fence.0,
@@ -35,7 +70,7 @@ pub async fn status<S: LockService>(service: &S, key: &str, json: bool) -> u8 {
             0
         }
         HolderOutcome::Free if json => {
-            out!("{{\"key\":{},\"held\":false}}", json_string(key));
+            out!("{{\"key\":{},\"held\":false{queue}}}", json_string(key));
             exit::FREE
         }
         HolderOutcome::Free => {

@@ -1,8 +1,8 @@
 //! `leasehold run --fair`: real `leasehold` processes wait in line. A holder, then
 //! contenders started one after another (each seen in the service's queue before the
 //! next starts) run their commands in that order; a queued contender killed with
-//! SIGKILL is skipped within its TTL. `--fair` where the service does not offer it is
-//! a usage error before anything connects.
+//! SIGKILL is skipped within its TTL; `status` shows the line. `--fair` where the
+//! service does not offer it is a usage error before anything connects.
 //!
 //! Each scenario is a function of the service URL and a way to read the key's queue,
 //! so that another service is one more `#[test]`.
@@ -123,6 +123,24 @@ fn contenders_run_in_the_order_they_queued(url: &str, waiting: Waiting<'_>, n: u
         .collect();
     let expected: Vec<String> = (0..n).map(|i| format!("c{i}")).collect();
     assert_eq!(waiting(KEY), expected);
+    // `status` shows the line, in order, as text and as JSON.
+    let quoted: Vec<String> = expected.iter().map(|c| format!("\"{c}\"")).collect();
+    let mut cmd = leasehold(url, dir.path());
+    cmd.args(["status", KEY]);
+    let out = output(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains(&format!("waiting in line: {}", quoted.join(", "))),
+        "{shown}"
+    );
+    let mut cmd = leasehold(url, dir.path());
+    cmd.args(["status", "--json", KEY]);
+    let shown = text(&output(cmd).stdout);
+    assert!(
+        shown.contains(&format!("\"waiting\":[{}]}}", quoted.join(","))),
+        "{shown}"
+    );
     std::fs::write(dir.path().join("go"), "").unwrap();
     assert_eq!(
         holder.wait(Duration::from_secs(10)).code(),
