@@ -133,15 +133,16 @@ async fn dispatch(cli: Cli) -> u8 {
         (Command::Run(args), Service::Etcd(s)) => run::run(s.clone(), args, output).await,
         (Command::Run(args), Service::Postgres(s)) => run::run(s.clone(), args, output).await,
         (Command::Status(args), Service::Redis(s)) => {
-            let waiting = s.waiting(&args.key).await.map_err(|e| e.to_string());
+            let waiting = async { s.waiting(&args.key).await.map_err(|e| e.to_string()) };
             status::status(&**s, &args.key, args.json, waiting).await
         }
         (Command::Status(args), Service::Etcd(s)) => {
-            let waiting = s.waiting(&args.key).await.map_err(|e| e.to_string());
+            let waiting = async { s.waiting(&args.key).await.map_err(|e| e.to_string()) };
             status::status(&**s, &args.key, args.json, waiting).await
         }
         (Command::Status(args), Service::Postgres(s)) => {
-            status::status(&**s, &args.key, args.json, Ok(Vec::new())).await
+            let nobody = async { Ok(Vec::new()) };
+            status::status(&**s, &args.key, args.json, nobody).await
         }
         (Command::RaiseFence(args), _) => {
             status::raise_fence(&service, &args.key, args.fence).await

@@ -1,5 +1,7 @@
 //! `leasehold status` and `leasehold raise-fence`.
 
+use std::future::Future;
+
 use leasehold::{Fence, HolderOutcome};
 use leasehold_tokio::LockService;
 
@@ -8,24 +10,29 @@ use crate::run::fail;
 use crate::service::Service;
 
 /// Prints who holds `key`, and who waits for it in line (`waiting`: the fair queue of
-/// Redis and etcd, arrival order; shown only when someone waits); exits 0 when it is
-/// held, 1 ([`exit::FREE`]) when it is free, 125 when the service refused or did not
-/// answer: `if leasehold status k` reads "if k is held". A queue that cannot be read
-/// is said on stderr and changes no exit code.
+/// Redis and etcd, arrival order; read only once the holder query was answered, and
+/// shown only when someone waits); exits 0 when it is held, 1 ([`exit::FREE`]) when it
+/// is free, 125 when the service refused or did not answer: `if leasehold status k`
+/// reads "if k is held". A queue that cannot be read is said on stderr and changes no
+/// exit code.
 pub async fn status<S: LockService>(
     service: &S,
     key: &str,
     json: bool,
-    waiting: Result<Vec<leasehold::Identity>, String>,
+    waiting: impl Future<Output = Result<Vec<leasehold::Identity>, String>>,
 ) -> u8 {
     if let Err(e) = leasehold::check_key(key) {
         return fail(&format!("{key:?}: {e}"));
     }
-    let waiting = waiting.unwrap_or_else(|e| {
-        note!("the queue of {key:?} could not be read: {e}");
-        Vec::new()
-    });
-    let code = holder(service, key, json, &waiting).await;
+    let outcome = LockService::holder(service, key).await;
+    let waiting = match outcome {
+        HolderOutcome::Held(_) | HolderOutcome::Free => waiting.await.unwrap_or_else(|e| {
+            note!("the queue of {key:?} could not be read: {e}");
+            Vec::new()
+        }),
+        _ => Vec::new(),
+    };
+    let code = holder(key, json, outcome, &waiting);
     if !json && !waiting.is_empty() && code != exit::FAILURE {
         let names: Vec<String> = waiting
             .iter()
@@ -37,19 +44,14 @@ pub async fn status<S: LockService>(
 }
 
 /// The holder line of [`status`], with the queue in the JSON form.
-async fn holder<S: LockService>(
-    service: &S,
-    key: &str,
-    json: bool,
-    waiting: &[leasehold::Identity],
-) -> u8 {
+fn holder(key: &str, json: bool, outcome: HolderOutcome, waiting: &[leasehold::Identity]) -> u8 {
     let queue = if waiting.is_empty() {
         String::new()
     } else {
         let names: Vec<String> = waiting.iter().map(|w| json_string(w.as_str())).collect();
         format!(",\"waiting\":[{}]", names.join(","))
     };
-    match LockService::holder(service, key).await {
+    match outcome {
         HolderOutcome::Held(h) if json => {
             out!(
                 "{{\"key\":{},\"held\":true,\"holder\":{},\"fence\":{},\"remaining_ms\":{}{queue}}}",
