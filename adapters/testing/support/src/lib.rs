@@ -23,10 +23,12 @@
 //!   fences against a fenced store, and the check that it never admitted an older
 //!   fence after a newer one.
 //! * [`wait_for`] — the bounded, event-driven wait used instead of bare sleeps.
-//! * [`Contest`] — holders and contenders on a few keys through `leasehold-tokio`,
-//!   with every client's `check()` sampled every millisecond: never two per key.
-//! * [`Candidates`] — election candidates, each through its own service, with the
-//!   "at most one leader at a time" check sampled while waiting for a new leader.
+//! * `Contest` (feature `scenarios`) — holders and contenders on a few keys through
+//!   `leasehold-tokio`, with every client's `check()` sampled every millisecond: never
+//!   two per key.
+//! * `Candidates` (feature `scenarios`) — election candidates, each through its own
+//!   service, with the "at most one leader at a time" check sampled while waiting for a
+//!   new leader.
 //!
 //! The starters are blocking (`std::process`, `std::thread::sleep` while waiting for
 //! the server to answer): call them before starting the code under test, or from
