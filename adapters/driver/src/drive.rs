@@ -1,6 +1,5 @@
-//! The loop: drain the lease's outputs, start the requests it asks for, wait for the
-//! first of (an answer, a revocation, the user's release, the lease's timer), feed it
-//! back, repeat until the term is over.
+//! The loop of one lease: [`step`](crate::step()) it, sleep until its deadline or
+//! until its I/O wakes it, repeat until the term is over.
 
 use core::future::{poll_fn, Future};
 use core::pin::{pin, Pin};
@@ -8,10 +7,11 @@ use core::task::{Context, Poll};
 
 use futures_util::future::Either;
 use leasehold::{
-    AcquireFailure, AcquireOutcome, Action, AlreadyActive, Event, Fence, Holder, Identity, Instant,
-    Lease, LossReason, Owner, RequestId, Response, State, WriteGate,
+    AcquireFailure, Action, AlreadyActive, Event, Holder, Identity, Instant, Lease, LossReason,
+    Owner, Response, WriteGate,
 };
 
+use crate::step::{poll_slot, step, Hooks, LeaseIo, Stepped};
 use crate::{Clock, LocalLockService};
 
 /// How a term ended.
@@ -63,14 +63,6 @@ impl<S> Clone for Target<'_, S> {
 }
 impl<S> Copy for Target<'_, S> {}
 
-/// What woke the loop.
-enum Wake {
-    Answered(RequestId, Response),
-    Revoked(Fence),
-    ReleaseRequested,
-    Timer,
-}
-
 /// Runs one term of `lease` to its end: acquires (giving up at `give_up_at`, see
 /// [`Lease::acquire_until`]), keeps the lease renewed, and returns when it is lost,
 /// released, or was never acquired.
@@ -111,68 +103,43 @@ where
     } = target;
     lease.acquire_until(clock.now(), give_up_at, gate)?;
 
-    let mut release = pin!(Some(release));
+    let mut release = pin!(release);
     // The lease has at most one request in flight (a new one supersedes the old), so
     // one slot holds it, whatever its kind: a driver runs per lease, and its size is
     // most of a lease's memory.
-    let mut request = pin!(None);
-    let mut request_id = None;
-    let mut watching = pin!(None);
-    let mut watched = None;
+    let mut io = pin!(LeaseIo::new());
+    let mut hooks = Hooks {
+        send: |action| match action {
+            Action::Acquire { term, ttl, .. } => Either::Left(Answer {
+                future: service.acquire(key, owner.token(term), identity, ttl),
+                wrap: Response::Acquire,
+            }),
+            Action::Renew {
+                term, fence, ttl, ..
+            } => Either::Right(Either::Left(Answer {
+                future: service.renew(key, owner.token(term), fence, ttl),
+                wrap: Response::Renew,
+            })),
+            Action::Release { term, .. } => Either::Right(Either::Right(Answer {
+                future: service.release(key, owner.token(term)),
+                wrap: Response::Release,
+            })),
+        },
+        watch: |term, fence| service.revoked(key, owner.token(term), fence),
+        release: |cx: &mut Context<'_>| release.as_mut().poll(cx),
+        report: &mut report,
+    };
     // The sleep until the lease's next deadline, kept across passes while the deadline
     // stays the same: a runtime timer is registered once per deadline, not once per
     // answer or wake-up. `sleeping_until` is its deadline while the slot holds one.
     let mut sleep = pin!(None);
     let mut sleeping_until = Instant::ZERO;
 
-    loop {
-        while let Some(action) = lease.poll_action() {
-            let io = match action {
-                Action::Acquire { term, ttl, .. } => Either::Left(Answer {
-                    future: service.acquire(key, owner.token(term), identity, ttl),
-                    wrap: Response::Acquire,
-                }),
-                Action::Renew {
-                    term, fence, ttl, ..
-                } => Either::Right(Either::Left(Answer {
-                    future: service.renew(key, owner.token(term), fence, ttl),
-                    wrap: Response::Renew,
-                })),
-                Action::Release { term, .. } => Either::Right(Either::Right(Answer {
-                    future: service.release(key, owner.token(term)),
-                    wrap: Response::Release,
-                })),
-            };
-            request.set(Some(io));
-            request_id = Some(action.id());
-        }
-        while let Some(event) = lease.poll_event() {
-            report(Report::Event(event));
-        }
-
-        // Drop the I/O of a request the lease no longer waits for.
-        if request_id.is_some_and(|id| !lease.is_awaiting(id)) {
-            request_id = None;
-            request.set(None);
-        }
-
-        // Watch for revocation of exactly the grant we hold.
-        let held = lease.fence();
-        if held != watched {
-            watching.set(held.map(|fence| service.revoked(key, owner.token(lease.term()), fence)));
-            watched = held;
-        }
-
-        // A lease with no request awaited and no timer armed has nothing left to
-        // send: its term is over, and so is its release, retries included.
-        let next = lease.poll_timeout();
-        if next.is_none() && request_id.is_none() {
-            return Ok(match lease.state() {
-                State::Lost(reason) => TermEnd::Lost(reason),
-                State::NotAcquired(why) => TermEnd::NotAcquired(why),
-                _ => TermEnd::Released,
-            });
-        }
+    let end = poll_fn(|cx| loop {
+        let next = match step(lease, gate, clock, io.as_mut(), cx, &mut hooks) {
+            Stepped::Ended(end) => return Poll::Ready(end),
+            Stepped::Waiting(next) => next,
+        };
         match next {
             Some(at) if sleep.is_none() || at != sleeping_until => {
                 sleep.set(Some(clock.sleep_until(at)));
@@ -181,45 +148,13 @@ where
             Some(_) => {}
             None => sleep.set(None),
         }
-        let wake = poll_fn(|cx| {
-            if let Some(()) = poll_slot(&mut release, cx) {
-                return Poll::Ready(Wake::ReleaseRequested);
-            }
-            if let Some(answer) = poll_slot(&mut request, cx) {
-                return Poll::Ready(
-                    request_id.map_or(Wake::Timer, |id| Wake::Answered(id, answer)),
-                );
-            }
-            if let Some(()) = poll_slot(&mut watching, cx) {
-                return Poll::Ready(watched.map_or(Wake::Timer, Wake::Revoked));
-            }
-            if let Some(()) = poll_slot(&mut sleep, cx) {
-                return Poll::Ready(Wake::Timer);
-            }
-            Poll::Pending
-        })
-        .await;
-
-        let now = clock.now();
-        // Refusals (a stale answer, a release with no term left) change nothing; the
-        // lease counts stale answers in its stats.
-        match wake {
-            Wake::Answered(id, response) => {
-                request_id = None;
-                if let Response::Acquire(AcquireOutcome::HeldByAnother(holder)) = response {
-                    report(Report::HeldBy(holder));
-                }
-                let _ = lease.handle_response(now, id, response, gate);
-            }
-            Wake::Revoked(fence) => {
-                let _ = lease.handle_revoked(now, fence, gate);
-            }
-            Wake::ReleaseRequested => {
-                let _ = lease.release(now, gate);
-            }
-            Wake::Timer => lease.handle_timeout(now, gate),
+        if poll_slot(sleep.as_mut(), cx).is_none() {
+            return Poll::Pending;
         }
-    }
+        lease.handle_timeout(clock.now(), gate);
+    })
+    .await;
+    Ok(end)
 }
 
 pin_project_lite::pin_project! {
@@ -240,18 +175,5 @@ impl<F: Future, W: Fn(F::Output) -> Response> Future for Answer<F, W> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Response> {
         let this = self.project();
         this.future.poll(cx).map(|output| (this.wrap)(output))
-    }
-}
-
-/// Polls an optional future in place: `Some(output)` once it completes (the slot is
-/// emptied), `None` while it is pending or the slot is empty.
-fn poll_slot<F: Future>(slot: &mut Pin<&mut Option<F>>, cx: &mut Context<'_>) -> Option<F::Output> {
-    let future = slot.as_mut().as_pin_mut()?;
-    match future.poll(cx) {
-        Poll::Ready(output) => {
-            slot.set(None);
-            Some(output)
-        }
-        Poll::Pending => None,
     }
 }

@@ -14,6 +14,7 @@ mod drive;
 #[cfg(feature = "getrandom")]
 mod owner;
 mod service;
+mod step;
 pub mod tls;
 
 pub use clip::Clipped;
@@ -22,4 +23,5 @@ pub use drive::{run_term, Report, Target, TermEnd};
 #[cfg(feature = "getrandom")]
 pub use owner::random_owner;
 pub use service::{LocalLockService, LockService};
+pub use step::{step, Hooks, LeaseIo, Stepped};
 pub use tls::TlsProblem;

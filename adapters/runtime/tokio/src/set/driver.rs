@@ -1,15 +1,11 @@
 //! One set driver: the leases it was handed, each a [`Lease`] core with its own write
 //! gate and handles, run by one task on one timer.
 //!
-//! Each lease goes through the same steps as in the shared loop (`run_term` of
-//! `leasehold-driver`), in the same order: drain the core's actions (one request in
-//! flight; a new one supersedes the old) and events, drop the I/O of a request the
-//! core no longer awaits, watch for revocation of exactly the grant held, end the term
-//! once it is over and nothing is in flight; then feed back whichever input is ready,
-//! release first, then the answer, then a revocation. Only the waiting differs: the
-//! core's next deadline goes into one queue of deadlines (a radix heap) for the whole driver instead of a
-//! runtime timer per lease, and the lease's futures are polled when they wake it
-//! ([`LeaseWake`]) rather than by a task of their own.
+//! Each lease is stepped by the shared [`step`](leasehold_driver::step) of
+//! `leasehold-driver`, as in `run_term`. Only the waiting differs: the core's next
+//! deadline goes into one queue of deadlines (a radix heap) for the whole driver
+//! instead of a runtime timer per lease, and the lease's futures are polled when they
+//! wake it ([`LeaseWake`]) rather than by a task of their own.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -17,8 +13,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use leasehold::{AcquireOutcome, Action, Fence, Instant, Lease, RequestId, Response, State};
-use leasehold_driver::{LockService, Report};
+use leasehold::{Action, Fence, Instant, Lease, Response, State, Term};
+use leasehold_driver::{Hooks, LeaseIo, LockService, Stepped};
 use tokio::time::Sleep;
 
 use super::timers::Timers;
@@ -129,14 +125,12 @@ struct Entry {
     lease: Lease,
     shared: Arc<Shared>,
     wake: Arc<LeaseWake>,
-    /// The one request in flight, and its id.
-    request: Option<(RequestId, BoxFuture<Response>)>,
-    /// The revocation watch of the grant held: its fence, and the watch until it fires.
-    watch: Option<(Fence, Option<BoxFuture<()>>)>,
-    /// The release request was fed to the core (it is fed once).
-    release_seen: bool,
-    /// The deadline last pushed to the timers for this lease.
-    due: Option<Instant>,
+    /// The request in flight and the revocation watch.
+    io: LeaseIo<BoxFuture<Response>, BoxFuture<()>>,
+    /// The deadline last pushed to the timers for this lease; `Instant::MAX` (a
+    /// deadline that never comes) when there is none, 8 B less per lease than an
+    /// `Option`.
+    due: Instant,
     /// Counted in the driver's acquires in flight.
     counted: bool,
 }
@@ -144,7 +138,7 @@ struct Entry {
 impl Entry {
     /// An acquire request is in flight: while acquiring, the only request is one.
     fn acquiring(&self) -> bool {
-        self.request.is_some() && matches!(self.lease.state(), State::Acquiring)
+        self.io.in_flight() && matches!(self.lease.state(), State::Acquiring)
     }
 }
 
@@ -196,10 +190,8 @@ impl<S: LockService + 'static> Driver<S> {
             lease,
             wake: Arc::new(LeaseWake::new(slot, Arc::clone(&self.inbox))),
             shared,
-            request: None,
-            watch: None,
-            release_seen: false,
-            due: None,
+            io: LeaseIo::new(),
+            due: Instant::MAX,
             counted: false,
         };
         self.slots.put(slot, entry);
@@ -242,7 +234,7 @@ impl<S: LockService + 'static> Driver<S> {
             let Some(entry) = self.slots.get_mut(slot) else {
                 continue;
             };
-            if entry.due != Some(at) {
+            if entry.due != at {
                 continue; // stale: the lease moved on
             }
             budget -= 1;
@@ -256,7 +248,7 @@ impl<S: LockService + 'static> Driver<S> {
             };
             let now = entry.shared.clock().now();
             if entry.lease.poll_timeout().is_some_and(|next| next <= now) {
-                entry.due = None;
+                entry.due = Instant::MAX;
                 entry.lease.handle_timeout(now, &entry.shared.gate);
                 self.step(slot);
             }
@@ -332,7 +324,8 @@ impl<S> Drop for Driver<S> {
     }
 }
 
-/// One step of one lease: outputs out, then inputs in while any is ready.
+/// One step of one lease (the shared [`step`]), its next deadline pushed to the
+/// driver's timers.
 fn step<S: LockService + 'static>(
     entry: &mut Entry,
     slot: u32,
@@ -344,77 +337,35 @@ fn step<S: LockService + 'static>(
     let Entry {
         lease,
         shared,
-        request,
-        watch,
-        release_seen,
+        io,
         due,
         ..
     } = entry;
-    let gate = &shared.gate;
-    loop {
-        while let Some(action) = lease.poll_action() {
-            *request = Some((action.id(), send(service, shared, action)));
+    let mut hooks = Hooks {
+        send: |action| send(service, shared, action),
+        watch: |term, fence| revoked(service, shared, term, fence),
+        release: |cx: &mut Context<'_>| shared.poll_release(cx),
+        report: |report| publish(service, shared, report, tokio::time::Instant::now()),
+    };
+    let stepped = leasehold_driver::step(
+        lease,
+        &shared.gate,
+        shared.clock(),
+        Pin::new(io),
+        &mut cx,
+        &mut hooks,
+    );
+    let Stepped::Waiting(next) = stepped else {
+        return Step::Ended;
+    };
+    let next = next.unwrap_or(Instant::MAX);
+    if next != *due {
+        *due = next;
+        if next != Instant::MAX {
+            timers.push(next, slot);
         }
-        let mut at = None;
-        while let Some(event) = lease.poll_event() {
-            let at = *at.get_or_insert_with(tokio::time::Instant::now);
-            publish(service, shared, Report::Event(event), at);
-        }
-        // Drop the I/O of a request the lease no longer waits for.
-        if request
-            .as_ref()
-            .is_some_and(|(id, _)| !lease.is_awaiting(*id))
-        {
-            *request = None;
-        }
-        // Watch for revocation of exactly the grant held.
-        let held = lease.fence();
-        if held != watch.as_ref().map(|(fence, _)| *fence) {
-            *watch = held.map(|fence| (fence, Some(revoked(service, shared, lease, fence))));
-        }
-        // No request awaited and no timer armed: the term is over, and so is its
-        // release, retries included.
-        let next = lease.poll_timeout();
-        if request.is_none() && next.is_none() {
-            return Step::Ended;
-        }
-        if next != *due {
-            *due = next;
-            if let Some(at) = next {
-                timers.push(at, slot);
-            }
-        }
-
-        // Feed back whatever is ready, in the shared loop's order.
-        if !*release_seen && shared.poll_release(&mut cx).is_ready() {
-            *release_seen = true;
-            let _ = lease.release(shared.clock().now(), gate);
-            continue;
-        }
-        if let Some((id, io)) = request {
-            if let Poll::Ready(response) = io.as_mut().poll(&mut cx) {
-                let id = *id;
-                *request = None;
-                if let Response::Acquire(AcquireOutcome::HeldByAnother(holder)) = response {
-                    shared.publish(Report::HeldBy(holder), tokio::time::Instant::now());
-                }
-                // A stale answer changes nothing; the core counts it.
-                let _ = lease.handle_response(shared.clock().now(), id, response, gate);
-                continue;
-            }
-        }
-        if let Some((fence, slot @ Some(_))) = watch {
-            if slot
-                .as_mut()
-                .is_some_and(|io| io.as_mut().poll(&mut cx).is_ready())
-            {
-                *slot = None;
-                let _ = lease.handle_revoked(shared.clock().now(), *fence, gate);
-                continue;
-            }
-        }
-        return Step::Running;
     }
+    Step::Running
 }
 
 /// The request for `action`, owning what it needs. A renewal notes its send instant
@@ -454,11 +405,11 @@ fn send<S: LockService + 'static>(
 fn revoked<S: LockService + 'static>(
     service: &Arc<S>,
     shared: &Arc<Shared>,
-    lease: &Lease,
+    term: Term,
     fence: Fence,
 ) -> BoxFuture<()> {
     let (service, shared) = (Arc::clone(service), Arc::clone(shared));
-    let token = shared.owner.token(lease.term());
+    let token = shared.owner.token(term);
     Box::pin(async move { service.revoked(&shared.key, token, fence).await })
 }
 
@@ -483,7 +434,7 @@ mod tests {
         let shared = Shared::sample();
         let service = Arc::new(MemoryService::new());
         let lease = Lease::new(shared.config(), shared.owner);
-        let watch = revoked(&service, &shared, &lease, Fence(1));
+        let watch = revoked(&service, &shared, lease.term(), Fence(1));
         let (entry, watch) = (size_of::<Option<Entry>>(), size_of_val(&*watch));
         println!(
             "slot {entry} B (lease {} B), shared state {} B, memory service watch {watch} B",

@@ -1,0 +1,214 @@
+//! One step of one lease: the rules of driving a [`Lease`] written once, for every
+//! driver shape. [`run_term`](crate::run_term) steps one lease and sleeps until its
+//! deadline; a driver of many leases (`leasehold_tokio::LeaseSet`) steps each one
+//! when its I/O wakes it and keeps every deadline in one queue of its own.
+//!
+//! A step sends what the lease asks for (one request in flight: a new one supersedes
+//! the old), reports its events, drops the I/O of a request the lease no longer
+//! awaits, watches for revocation of exactly the grant held, and ends the term once
+//! nothing is in flight and no timer is armed; then it feeds back whichever input is
+//! ready, the user's release first, then the answer, then a revocation, and goes
+//! round again until nothing is ready. Only the lease's timer is left to the caller.
+
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+
+use leasehold::{
+    AcquireOutcome, Action, Fence, Instant, Lease, RequestId, Response, State, Term, WriteGate,
+};
+
+use crate::{Clock, Report, TermEnd};
+
+pin_project_lite::pin_project! {
+    /// The I/O one lease keeps between steps: its request in flight, the revocation
+    /// watch of the grant it holds, and whether the user's release was fed.
+    ///
+    /// `Q` is a request's future, `W` a watch's. Start each term with a new one.
+    pub struct LeaseIo<Q, W> {
+        #[pin]
+        request: Option<InFlight<Q>>,
+        #[pin]
+        watch: Option<Watch<W>>,
+        release_seen: bool,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The one request the lease awaits, by its id.
+    struct InFlight<Q> {
+        id: RequestId,
+        #[pin]
+        future: Q,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The revocation watch of the grant with `fence`; `None` once it fired.
+    struct Watch<W> {
+        fence: Fence,
+        #[pin]
+        future: Option<W>,
+    }
+}
+
+impl<Q, W> LeaseIo<Q, W> {
+    /// No request, no watch, no release yet.
+    pub const fn new() -> Self {
+        LeaseIo {
+            request: None,
+            watch: None,
+            release_seen: false,
+        }
+    }
+
+    /// Whether a request is in flight: one the lease still awaits.
+    pub fn in_flight(&self) -> bool {
+        self.request.is_some()
+    }
+}
+
+impl<Q, W> Default for LeaseIo<Q, W> {
+    fn default() -> Self {
+        LeaseIo::new()
+    }
+}
+
+impl<Q, W> core::fmt::Debug for LeaseIo<Q, W> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("LeaseIo")
+            .field("request", &self.request.as_ref().map(|request| request.id))
+            .field("watched", &self.watch.as_ref().map(|watch| watch.fence))
+            .field("release_seen", &self.release_seen)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a step reaches the world around the lease.
+#[derive(Debug)]
+pub struct Hooks<S, V, R, P> {
+    /// Starts the request for an action; its future answers with the
+    /// [`Response`] the lease takes.
+    pub send: S,
+    /// Starts the revocation watch of the grant with this term and fence; its future
+    /// completes if that grant is revoked.
+    pub watch: V,
+    /// Ready once the user wants to let go; polled until it is, never after.
+    pub release: R,
+    /// Sees every [`Event`](leasehold::Event) in order, right after the step that made
+    /// it, and the holder named by each "held by another" answer.
+    pub report: P,
+}
+
+/// Where the lease stands after a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stepped {
+    /// The term goes on. Nothing is ready now; the caller steps again when the
+    /// lease's I/O wakes it, and at the lease's next deadline (if it has one), where it
+    /// first calls [`Lease::handle_timeout`].
+    Waiting(Option<Instant>),
+    /// The term is over, its release (and the release's retries) included.
+    Ended(TermEnd),
+}
+
+/// Steps `lease` until nothing is ready (see the module docs). `io` must be the one
+/// kept with this lease since its term began; the gate is `lease`'s write gate.
+pub fn step<C, S, Q, V, W, R, P>(
+    lease: &mut Lease,
+    gate: &WriteGate,
+    clock: &C,
+    mut io: Pin<&mut LeaseIo<Q, W>>,
+    cx: &mut Context<'_>,
+    hooks: &mut Hooks<S, V, R, P>,
+) -> Stepped
+where
+    C: Clock,
+    S: FnMut(Action) -> Q,
+    Q: Future<Output = Response>,
+    V: FnMut(Term, Fence) -> W,
+    W: Future<Output = ()>,
+    R: FnMut(&mut Context<'_>) -> Poll<()>,
+    P: FnMut(Report),
+{
+    loop {
+        let mut this = io.as_mut().project();
+        while let Some(action) = lease.poll_action() {
+            let id = action.id();
+            let future = (hooks.send)(action);
+            this.request.set(Some(InFlight { id, future }));
+        }
+        while let Some(event) = lease.poll_event() {
+            (hooks.report)(Report::Event(event));
+        }
+        // Drop the I/O of a request the lease no longer waits for.
+        let awaited = this.request.as_ref().get_ref().as_ref().map(|r| r.id);
+        if awaited.is_some_and(|id| !lease.is_awaiting(id)) {
+            this.request.set(None);
+        }
+        // Watch for revocation of exactly the grant held.
+        let held = lease.fence();
+        if held != this.watch.as_ref().get_ref().as_ref().map(|w| w.fence) {
+            let term = lease.term();
+            this.watch.set(held.map(|fence| Watch {
+                fence,
+                future: Some((hooks.watch)(term, fence)),
+            }));
+        }
+        // No request awaited and no timer armed: nothing is left to send.
+        let next = lease.poll_timeout();
+        if next.is_none() && this.request.is_none() {
+            return Stepped::Ended(match lease.state() {
+                State::Lost(reason) => TermEnd::Lost(reason),
+                State::NotAcquired(why) => TermEnd::NotAcquired(why),
+                _ => TermEnd::Released,
+            });
+        }
+
+        // Feed back whatever is ready. Refusals (a stale answer, a release with no
+        // term left) change nothing; the lease counts stale answers in its stats.
+        if !*this.release_seen && (hooks.release)(cx).is_ready() {
+            *this.release_seen = true;
+            let _ = lease.release(clock.now(), gate);
+            continue;
+        }
+        let answered = this.request.as_mut().as_pin_mut().and_then(|request| {
+            let request = request.project();
+            match request.future.poll(cx) {
+                Poll::Ready(response) => Some((*request.id, response)),
+                Poll::Pending => None,
+            }
+        });
+        if let Some((id, response)) = answered {
+            this.request.set(None);
+            if let Response::Acquire(AcquireOutcome::HeldByAnother(holder)) = response {
+                (hooks.report)(Report::HeldBy(holder));
+            }
+            let _ = lease.handle_response(clock.now(), id, response, gate);
+            continue;
+        }
+        if let Some(watch) = this.watch.as_mut().as_pin_mut() {
+            let watch = watch.project();
+            if poll_slot(watch.future, cx).is_some() {
+                let _ = lease.handle_revoked(clock.now(), *watch.fence, gate);
+                continue;
+            }
+        }
+        return Stepped::Waiting(next);
+    }
+}
+
+/// Polls an optional future in place: `Some(output)` once it completes (the slot is
+/// emptied), `None` while it is pending or the slot is empty.
+pub(crate) fn poll_slot<F: Future>(
+    mut slot: Pin<&mut Option<F>>,
+    cx: &mut Context<'_>,
+) -> Option<F::Output> {
+    let future = slot.as_mut().as_pin_mut()?;
+    match future.poll(cx) {
+        Poll::Ready(output) => {
+            slot.set(None);
+            Some(output)
+        }
+        Poll::Pending => None,
+    }
+}
