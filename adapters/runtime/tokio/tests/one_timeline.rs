@@ -74,21 +74,18 @@ impl Scripted {
 
 /// The answer `reply` scripts, or `otherwise` once the script is used up (`None`:
 /// never).
-fn answer<T: Send>(
-    reply: Option<Reply<T>>,
-    otherwise: Option<T>,
-) -> impl Future<Output = T> + Send {
-    async move {
-        match reply.map_or(otherwise.map(|t| (0, t)), |reply| match reply {
-            Reply::After(ms, outcome) => Some((ms, outcome)),
-            Reply::Never => None,
-        }) {
-            Some((ms, outcome)) => {
-                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
-                outcome
-            }
-            None => std::future::pending().await,
+async fn answer<T: Send>(reply: Option<Reply<T>>, otherwise: Option<T>) -> T {
+    let scripted = match reply {
+        Some(Reply::After(ms, outcome)) => Some((ms, outcome)),
+        Some(Reply::Never) => None,
+        None => otherwise.map(|outcome| (0, outcome)),
+    };
+    match scripted {
+        Some((ms, outcome)) => {
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+            outcome
         }
+        None => std::future::pending().await,
     }
 }
 
@@ -309,9 +306,12 @@ fn answers_at_the_instant_of_their_timeout() {
         Script {
             acquires: vec![Reply::After(90, granted(4))],
             renewals: vec![
-                Reply::After(90, RenewOutcome::Renewed {
-                    ttl: Duration::from_millis(900),
-                }),
+                Reply::After(
+                    90,
+                    RenewOutcome::Renewed {
+                        ttl: Duration::from_millis(900),
+                    },
+                ),
                 Reply::After(90, RenewOutcome::NotOwner),
             ],
             releases: vec![],
