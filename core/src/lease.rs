@@ -251,6 +251,9 @@ pub enum Event {
     Renewed {
         /// The new safe deadline.
         deadline: Instant,
+        /// When the confirmed renewal was sent: the instant it is handled minus this
+        /// is its round trip.
+        sent_at: Instant,
     },
     /// A renewal's outcome is unknown; the lease is still held until its deadline.
     #[non_exhaustive]
@@ -833,6 +836,7 @@ impl Lease {
             },
             EventKind::Renewed => Event::Renewed {
                 deadline: self.deadline,
+                sent_at: self.sent_at,
             },
             EventKind::RenewFailed(reason) => Event::RenewFailed {
                 reason,

@@ -1072,7 +1072,8 @@ fn rule8_an_answer_of_the_wrong_kind_leaves_the_request_in_flight() {
     assert_eq!(r.lease.deadline(), Some(at_us(300_000 + WINDOW_US)));
     assert_matches!(
         r.drain_events().as_slice(),
-        [Event::Renewed { deadline, .. }] if *deadline == at_us(300_000 + WINDOW_US)
+        [Event::Renewed { deadline, sent_at, .. }]
+            if *deadline == at_us(300_000 + WINDOW_US) && *sent_at == at(300)
     );
     assert_eq!(r.lease.stats().stale_responses, 1);
 }

@@ -2,9 +2,8 @@
 //! `metrics`), in one place so the feature switches them all. Names, labels and
 //! meanings are listed in the README ("Metrics and tracing").
 //!
-//! Everything is derived from the driver's reports ([`TimedEvent`]s) and the
-//! renewal send instant noted by [`Timed`](crate::timed::Timed); nothing here feeds
-//! back into the lease.
+//! Everything is derived from the driver's reports ([`TimedEvent`]s; a renewal's
+//! round trip from its `Renewed` event); nothing here feeds back into the lease.
 //!
 //! Labels are small closed sets (a result, a reason), with one exception: the safety
 //! margin gauge carries the `key`, because it is per lease by nature (a process-wide

@@ -8,7 +8,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
@@ -16,17 +16,14 @@ use std::task::{Context, Poll};
 use futures_util::task::AtomicWaker;
 
 use leasehold::{
-    AcquireFailure, Config, Duration, Event, Fence, GateError, Holder, Identity, Instant,
-    LossReason, Owner, OwnerToken, Stats, Term, WriteGate,
+    AcquireFailure, Config, Event, Fence, GateError, Holder, Identity, LossReason, Owner,
+    OwnerToken, Stats, Term, WriteGate,
 };
 use leasehold_driver::Report;
 use tokio::sync::{broadcast, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::{metrics, trace, LeaseClock, LeaseEnd, LeaseState, LeaseStats, TimedEvent};
-
-/// [`Shared::renewal_sent`] before any renewal was sent.
-const NOT_SENT: u64 = u64::MAX;
 
 /// How many events a late [`events`](crate::LeaseHandle::events) subscriber can lag
 /// behind before it misses some.
@@ -78,9 +75,6 @@ pub(crate) struct Shared {
     /// An acquire attempt is in flight ([`Shared::attempt_sent`]); a release waits for
     /// its outcome.
     attempt: AtomicBool,
-    /// When the latest renewal was sent, µs on the lease's clock ([`NOT_SENT`] before
-    /// the first): the start of the round trip a `Renewed` event ends.
-    renewal_sent: AtomicU64,
     /// Live [`LeaseHandle`](crate::LeaseHandle)s; the last one to go releases.
     pub(crate) handles: AtomicUsize,
     /// Wakes the driver for a release; the driver's release future is
@@ -125,7 +119,6 @@ impl Shared {
             owner,
             stop: AtomicU8::new(stop::NONE),
             attempt: AtomicBool::new(false),
-            renewal_sent: AtomicU64::new(NOT_SENT),
             handles: AtomicUsize::new(0),
             release_waker: AtomicWaker::new(),
             changed: Notify::new(),
@@ -163,7 +156,9 @@ impl Shared {
     /// A lease's shared state for the size tests: key `k`, TTL 3 s.
     #[cfg(test)]
     pub(crate) fn sample() -> Arc<Shared> {
-        let config = Config::builder(Duration::from_secs(3)).build().unwrap();
+        let config = Config::builder(leasehold::Duration::from_secs(3))
+            .build()
+            .unwrap();
         let common = Arc::new(Common {
             config,
             clock: LeaseClock::start(),
@@ -245,19 +240,6 @@ impl Shared {
 
     pub(crate) fn finished(&self) -> bool {
         self.status().finished
-    }
-
-    /// A renewal is being sent at `at` (see [`Timed`](crate::timed::Timed)).
-    pub(crate) fn renewal_sent(&self, at: Instant) {
-        self.renewal_sent.store(at.as_micros(), Ordering::Relaxed);
-    }
-
-    /// The round trip of a renewal confirmed at `answered`: since the latest send.
-    fn renewal_rtt(&self, answered: Instant) -> Option<Duration> {
-        match self.renewal_sent.load(Ordering::Relaxed) {
-            NOT_SENT => None,
-            sent => answered.checked_duration_since(Instant::from_micros(sent)),
-        }
     }
 
     // ----- observers -----
@@ -402,7 +384,7 @@ impl Shared {
             event,
         };
         let rtt = match event {
-            Event::Renewed { .. } => self.renewal_rtt(timed.lease_time),
+            Event::Renewed { sent_at, .. } => timed.lease_time.checked_duration_since(sent_at),
             _ => None,
         };
         trace::event(&self.key, self.token(), &timed, rtt);

@@ -22,8 +22,8 @@ where
     tokio::spawn(drive(Timed { service, shared }, give_up_at));
 }
 
-/// Runs the term. `timed` is the service, noting when each renewal is sent (for its
-/// round trip in metrics and tracing), and the lease's shared state.
+/// Runs the term. `timed` is the service, noting when each acquire attempt is sent
+/// (a release waits for its outcome), and the lease's shared state.
 async fn drive<S: LockService + 'static>(timed: Timed<S>, give_up_at: Instant) {
     // `timed` ends the term when it is dropped (see its `Drop`).
     let shared = &*timed.shared;
@@ -118,7 +118,9 @@ mod tests {
     /// the 8 B of that deadline. Boxing the last holder seen (only a waiting
     /// contender has one) took the shared state from 464 to 376 B, and the config,
     /// clock and identity behind one pointer (`Common`, which a set's leases share) to
-    /// 256 B.
+    /// 256 B, and the renewal's send instant, now carried by the core's `Renewed`, to
+    /// 248 B. With the shared per-lease step (`leasehold_driver::step`) the task is
+    /// 864 B with `tracing`.
     #[tokio::test]
     async fn a_lease_task_and_its_shared_state_stay_small() {
         let shared = Shared::sample();
@@ -131,6 +133,6 @@ mod tests {
         println!("driver task future: {task} B, shared state: {shared} B");
         let limit = if cfg!(feature = "tracing") { 936 } else { 904 };
         assert!(task <= limit, "driver task future is {task} B");
-        assert!(shared <= 256, "shared state is {shared} B");
+        assert!(shared <= 248, "shared state is {shared} B");
     }
 }

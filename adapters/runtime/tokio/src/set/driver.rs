@@ -368,8 +368,8 @@ fn step<S: LockService + 'static>(
     Step::Running
 }
 
-/// The request for `action`, owning what it needs. A renewal notes its send instant
-/// for the round trip reported with `Renewed` (metrics, tracing).
+/// The request for `action`, owning what it needs. An acquire attempt is noted, so
+/// that a release waits for its outcome.
 fn send<S: LockService + 'static>(
     service: &Arc<S>,
     shared: &Arc<Shared>,
@@ -387,13 +387,10 @@ fn send<S: LockService + 'static>(
         }),
         Action::Renew {
             term, fence, ttl, ..
-        } => {
-            shared.renewal_sent(shared.clock().now());
-            Box::pin(async move {
-                let token = shared.owner.token(term);
-                Response::Renew(service.renew(&shared.key, token, fence, ttl).await)
-            })
-        }
+        } => Box::pin(async move {
+            let token = shared.owner.token(term);
+            Response::Renew(service.renew(&shared.key, token, fence, ttl).await)
+        }),
         Action::Release { term, .. } => Box::pin(async move {
             let token = shared.owner.token(term);
             Response::Release(service.release(&shared.key, token).await)
