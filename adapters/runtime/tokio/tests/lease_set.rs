@@ -188,6 +188,19 @@ struct CountingAcquires {
     service: MemoryService,
     in_flight: std::sync::atomic::AtomicUsize,
     most: std::sync::atomic::AtomicUsize,
+    /// Added to every acquire's and every renewal's round trip, in ms.
+    acquire_ms: std::sync::atomic::AtomicU64,
+    renew_ms: std::sync::atomic::AtomicU64,
+}
+
+/// Waits `delay` ms, then `future`.
+async fn after<F: std::future::Future>(
+    delay: &std::sync::atomic::AtomicU64,
+    future: F,
+) -> F::Output {
+    let delay = delay.load(std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(ms(delay)).await;
+    future.await
 }
 
 /// Takes one acquire off the count when its future ends, answered or dropped.
@@ -213,7 +226,9 @@ impl leasehold_driver::LockService for CountingAcquires {
         let counted = InFlight(&self.in_flight);
         async move {
             let _counted = counted;
-            leasehold_driver::LockService::acquire(&self.service, key, token, identity, ttl).await
+            let acquire =
+                leasehold_driver::LockService::acquire(&self.service, key, token, identity, ttl);
+            after(&self.acquire_ms, acquire).await
         }
     }
 
@@ -224,7 +239,8 @@ impl leasehold_driver::LockService for CountingAcquires {
         fence: Fence,
         ttl: leasehold::Duration,
     ) -> impl std::future::Future<Output = leasehold::RenewOutcome> + Send {
-        leasehold_driver::LockService::renew(&self.service, key, token, fence, ttl)
+        let renew = leasehold_driver::LockService::renew(&self.service, key, token, fence, ttl);
+        after(&self.renew_ms, renew)
     }
 
     fn release(
@@ -263,6 +279,56 @@ async fn a_burst_of_acquires_goes_out_a_bounded_number_at_a_time() {
     // 5,000 / 256 rounds of 40 ms, not one round per lease.
     assert!(timeline.now_ms() <= 1_000, "{} ms", timeline.now_ms());
     assert!(leases.iter().all(|lease| lease.check().is_ok()));
+}
+
+/// Renewals before acquires: while the leases held are renewed late (here 60 ms after
+/// they are sent, past half the 90 ms request timeout), a burst of acquires goes out
+/// one at a time, and every one of them is still granted; once renewals come back in
+/// time, the burst goes out in full again.
+#[tokio::test(start_paused = true)]
+async fn while_renewals_come_back_late_acquires_go_out_one_at_a_time() {
+    use std::sync::atomic::Ordering::SeqCst;
+
+    let service = Arc::new(CountingAcquires::default());
+    service.acquire_ms.store(20, SeqCst);
+    let set = LeaseSet::with_drivers(service.clone(), config(900), 1);
+    let held = set.acquire("held").await.unwrap();
+    service.renew_ms.store(60, SeqCst);
+    // The first renewal goes out 300 ms after the grant and comes back 60 ms later.
+    tokio::time::sleep(ms(400)).await;
+
+    let burst = |from: usize| {
+        let acquires: Vec<_> = (from..from + 50)
+            .map(|i| tokio::spawn(set.acquire(&format!("lease-{i}"))))
+            .collect();
+        async move {
+            let mut leases = Vec::with_capacity(acquires.len());
+            for acquire in acquires {
+                leases.push(acquire.await.unwrap().unwrap());
+            }
+            leases
+        }
+    };
+    service.most.store(0, SeqCst);
+    let late = burst(0).await;
+    assert_eq!(
+        service.most.load(SeqCst),
+        1,
+        "acquires in flight while renewals were late"
+    );
+    assert!(held.check().is_ok());
+    assert!(late.iter().all(|lease| lease.check().is_ok()));
+
+    service.renew_ms.store(0, SeqCst);
+    // Every lease renews (in time now) within one renew interval.
+    tokio::time::sleep(ms(400)).await;
+    service.most.store(0, SeqCst);
+    let _in_time = burst(50).await;
+    assert_eq!(
+        service.most.load(SeqCst),
+        50,
+        "acquires in flight once renewals were in time"
+    );
 }
 
 #[test]

@@ -13,10 +13,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use leasehold::{Action, Fence, Instant, Lease, Response, State, Term};
-use leasehold_driver::{Hooks, LeaseIo, LockService, Stepped};
+use leasehold::{Action, Config, Fence, Instant, Lease, Response, State, Term};
+use leasehold_driver::{Hooks, LeaseIo, LockService, Report, Stepped};
 use tokio::time::Sleep;
 
+use super::admission::Admission;
 use super::timers::Timers;
 use super::wake::{Inbox, LeaseWake, Registration};
 use crate::shared::Shared;
@@ -47,6 +48,8 @@ pub(super) struct Driver<S> {
     slots: Slots,
     /// Leases whose acquire request is in flight (at most [`ACQUIRES_IN_FLIGHT`]).
     acquiring: usize,
+    /// Whether new leases may start: not while the leases held are renewed late.
+    admission: Admission,
     /// Every lease's next deadline, earliest first. An entry is stale (skipped when
     /// popped) unless it is still its lease's [`Entry::due`]: a deadline is pushed once,
     /// when it changes, and never searched for.
@@ -158,13 +161,19 @@ enum Step {
 }
 
 impl<S: LockService + 'static> Driver<S> {
-    pub(super) fn new(service: Arc<S>, clock: LeaseClock, inbox: Arc<Inbox>) -> Driver<S> {
+    pub(super) fn new(
+        service: Arc<S>,
+        clock: LeaseClock,
+        inbox: Arc<Inbox>,
+        config: &Config,
+    ) -> Driver<S> {
         Driver {
             service,
             clock,
             inbox,
             slots: Slots::default(),
             acquiring: 0,
+            admission: Admission::new(config),
             timers: Timers::default(),
             sleep: Box::pin(tokio::time::sleep_until(clock.to_tokio(Instant::MAX))),
             sleeping_until: None,
@@ -205,7 +214,13 @@ impl<S: LockService + 'static> Driver<S> {
             return; // ended already; a late wake-up
         };
         entry.wake.looking();
-        let outcome = step(entry, slot, &self.service, &mut self.timers);
+        let outcome = step(
+            entry,
+            slot,
+            &self.service,
+            &mut self.timers,
+            &mut self.admission,
+        );
         // Counted in `acquiring` exactly while an acquire of this lease is in flight.
         let acquiring = outcome == Step::Running && entry.acquiring();
         if acquiring != entry.counted {
@@ -238,6 +253,7 @@ impl<S: LockService + 'static> Driver<S> {
                 continue; // stale: the lease moved on
             }
             budget -= 1;
+            self.admission.deadline(at, now);
             // An answer that is already in comes before the deadline, as in the
             // single-lease loop (which polls the request before its timer): a refusal
             // that arrived at the instant its request timed out must end the lease,
@@ -281,7 +297,9 @@ impl<S: LockService + 'static> Future for Driver<S> {
             // New leases, as far as the acquires in flight allow (answers just
             // stepped above made room, and a lease answered at once makes room again).
             this.inbox.take_new(&mut this.new);
-            while budget > 0 && this.acquiring < ACQUIRES_IN_FLIGHT {
+            let now = this.clock.now();
+            let most = this.admission.acquires_in_flight(now, ACQUIRES_IN_FLIGHT);
+            while budget > 0 && this.acquiring < most {
                 let Some(registration) = this.new.pop_front() else {
                     break;
                 };
@@ -295,7 +313,16 @@ impl<S: LockService + 'static> Future for Driver<S> {
                 return Poll::Pending;
             }
 
-            if let Some(at) = this.timers.peek() {
+            // The next deadline, or the instant more new leases may start at once.
+            let reopens = match this.new.is_empty() {
+                true => None,
+                false => this.admission.reopens(now),
+            };
+            let next = match (this.timers.peek(), reopens) {
+                (Some(due), Some(reopens)) => Some(due.min(reopens)),
+                (due, reopens) => due.or(reopens),
+            };
+            if let Some(at) = next {
                 if this.sleeping_until != Some(at) {
                     this.sleep.as_mut().reset(this.clock.to_tokio(at));
                     this.sleeping_until = Some(at);
@@ -331,6 +358,7 @@ fn step<S: LockService + 'static>(
     slot: u32,
     service: &Arc<S>,
     timers: &mut Timers,
+    admission: &mut Admission,
 ) -> Step {
     let waker = Waker::from(Arc::clone(&entry.wake));
     let mut cx = Context::from_waker(&waker);
@@ -345,7 +373,12 @@ fn step<S: LockService + 'static>(
         send: |action| send(service, shared, action),
         watch: |term, fence| revoked(service, shared, term, fence),
         release: |cx: &mut Context<'_>| shared.poll_release(cx),
-        report: |report| publish(service, shared, report, tokio::time::Instant::now()),
+        report: |report| {
+            if let Report::Event(event) = &report {
+                admission.event(event, shared.clock().now());
+            }
+            publish(service, shared, report, tokio::time::Instant::now());
+        },
     };
     let stepped = leasehold_driver::step(
         lease,

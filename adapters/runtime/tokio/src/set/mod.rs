@@ -1,6 +1,7 @@
 //! [`LeaseSet`]: many leases on one service, driven by a few tasks with one timer each
 //! instead of a task and a timer per lease.
 
+mod admission;
 mod driver;
 mod timers;
 mod wake;
@@ -35,10 +36,14 @@ use wake::{Inbox, Registration};
 /// last handle. A slow or stuck request of one lease never delays another: requests
 /// run concurrently, and the driver only steps leases that are due or woken.
 ///
-/// A burst of acquires is paced: each driver keeps at most 256 acquire requests in
-/// flight and starts the next lease as an answer comes back, so a hundred thousand
-/// acquires at once reach the service at its own speed rather than all together
-/// (where they would wait in its queue past the request timeout and be sent again).
+/// A burst of acquires is paced, and renewals go first: each driver keeps at most 256
+/// acquire requests in flight and starts the next lease as an answer comes back, so a
+/// hundred thousand acquires at once reach the service at its own speed rather than
+/// all together (where they would wait in its queue past the request timeout and be
+/// sent again). Renewals go first: while the leases it holds are renewed late (the
+/// latest renewal was answered more than half the request timeout after it was sent,
+/// or failed), a driver keeps only one acquire in flight, until a renewal is answered
+/// in time again.
 ///
 /// Leases outlive the `LeaseSet` value: dropping it stops new acquires, and its
 /// driver tasks end once their last lease has. Create it inside a tokio runtime; its
@@ -121,7 +126,7 @@ impl<S: LockService + 'static> LeaseSet<S> {
         let drivers: Box<[Arc<Inbox>]> = (0..drivers.max(1))
             .map(|_| {
                 let inbox = Arc::new(Inbox::default());
-                let driver = Driver::new(Arc::clone(&service), clock, Arc::clone(&inbox));
+                let driver = Driver::new(Arc::clone(&service), clock, Arc::clone(&inbox), &config);
                 tokio::spawn(driver);
                 inbox
             })
