@@ -7,8 +7,9 @@
 //! the old), reports its events, drops the I/O of a request the lease no longer
 //! awaits, watches for revocation of exactly the grant held, and ends the term once
 //! nothing is in flight and no timer is armed; then it feeds back whichever input is
-//! ready, the user's release first, then the answer, then a revocation, and goes
-//! round again until nothing is ready. Only the lease's timer is left to the caller.
+//! ready, the user's release first (once no acquire attempt is in flight), then the
+//! answer, then a revocation, and goes round again until nothing is ready. Only the
+//! lease's timer is left to the caller.
 
 use core::future::Future;
 use core::pin::Pin;
@@ -166,7 +167,15 @@ where
 
         // Feed back whatever is ready. Refusals (a stale answer, a release with no
         // term left) change nothing; the lease counts stale answers in its stats.
-        if !*this.release_seen && (hooks.release)(cx).is_ready() {
+        //
+        // The user's release waits for an acquire attempt in flight: sent beside it,
+        // it could reach the service first (etcd serves each request on a stream of
+        // its own, a PostgreSQL pool on another connection), answer "not owner", and
+        // leave the attempt's grant to block the next contender for a whole TTL. The
+        // attempt's answer comes first (a grant is then released as a held lease is),
+        // or the lease gives up on it at its request timeout.
+        let attempt_in_flight = this.request.is_some() && matches!(lease.state(), State::Acquiring);
+        if !*this.release_seen && !attempt_in_flight && (hooks.release)(cx).is_ready() {
             *this.release_seen = true;
             let _ = lease.release(clock.now(), gate);
             continue;

@@ -18,7 +18,6 @@ mod state;
 mod supervise;
 mod task;
 mod time;
-mod timed;
 mod trace;
 mod turns;
 

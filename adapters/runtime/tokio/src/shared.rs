@@ -8,7 +8,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
@@ -72,9 +72,6 @@ pub(crate) struct Shared {
     pub(crate) owner: Owner,
     /// A [`stop`] value: raised by a release request or the driver's end.
     stop: AtomicU8,
-    /// An acquire attempt is in flight ([`Shared::attempt_sent`]); a release waits for
-    /// its outcome.
-    attempt: AtomicBool,
     /// Live [`LeaseHandle`](crate::LeaseHandle)s; the last one to go releases.
     pub(crate) handles: AtomicUsize,
     /// Wakes the driver for a release; the driver's release future is
@@ -118,7 +115,6 @@ impl Shared {
             key,
             owner,
             stop: AtomicU8::new(stop::NONE),
-            attempt: AtomicBool::new(false),
             handles: AtomicUsize::new(0),
             release_waker: AtomicWaker::new(),
             changed: Notify::new(),
@@ -296,30 +292,16 @@ impl Shared {
     }
 
     /// Ready once a release was requested (or the driver is gone); pending until
-    /// then, with `cx`'s waker registered to hear of it.
-    ///
-    /// Not while an acquire attempt is in flight ([`Shared::attempt_sent`]): a release sent
-    /// beside it could reach the service first (etcd serves each request on its own
-    /// stream, a PostgreSQL pool on another connection), answer "not owner", and leave
-    /// the attempt's grant to block the next contender for a whole TTL. The attempt's
-    /// answer comes first (a grant is then released as a held lease is), or the
-    /// driver gives up on it at its request timeout. The caller of a bounded acquire
-    /// does not wait for this.
+    /// then, with `cx`'s waker registered to hear of it. The driver's step polls it
+    /// only while no acquire attempt is in flight.
     pub(crate) fn poll_release(&self, cx: &mut Context<'_>) -> Poll<()> {
         // Register first, then look: a request in between still wakes us.
         self.release_waker.register(cx.waker());
-        if self.stop.load(Ordering::Acquire) == stop::NONE || self.attempt.load(Ordering::Acquire) {
+        if self.stop.load(Ordering::Acquire) == stop::NONE {
             Poll::Pending
         } else {
             Poll::Ready(())
         }
-    }
-
-    /// An acquire attempt was sent: a release waits until the lease reports what
-    /// became of it (any event: granted, failed, given up on at its request timeout,
-    /// or the term ended).
-    pub(crate) fn attempt_sent(&self) {
-        self.attempt.store(true, Ordering::Release);
     }
 
     // ----- transitions -----
@@ -375,9 +357,6 @@ impl Shared {
             // Reports a newer driver adds are not for the handles.
             _ => return,
         };
-        if self.attempt.swap(false, Ordering::AcqRel) {
-            self.release_waker.wake();
-        }
         let timed = TimedEvent {
             at,
             lease_time: self.clock().to_lease(at),

@@ -9,8 +9,14 @@ use leasehold::{Instant, Lease};
 use leasehold_driver::{run_term, LockService, Report, Target};
 
 use crate::shared::Shared;
-use crate::timed::Timed;
 use crate::{turns, LeaseEnd};
+
+/// What the driver task owns: the service and the lease's shared state. Ends the
+/// term when it is dropped (see its `Drop`).
+struct Task<S> {
+    service: Arc<S>,
+    shared: Arc<Shared>,
+}
 
 /// Spawns the task that runs `shared`'s one term against `service`, giving up
 /// acquiring at `give_up_at` (on the lease's clock). Must be called from within a
@@ -19,19 +25,18 @@ pub(crate) fn spawn<S>(shared: Arc<Shared>, service: Arc<S>, give_up_at: Instant
 where
     S: LockService + 'static,
 {
-    tokio::spawn(drive(Timed { service, shared }, give_up_at));
+    tokio::spawn(drive(Task { service, shared }, give_up_at));
 }
 
-/// Runs the term. `timed` is the service, noting when each acquire attempt is sent
-/// (a release waits for its outcome), and the lease's shared state.
-async fn drive<S: LockService + 'static>(timed: Timed<S>, give_up_at: Instant) {
-    // `timed` ends the term when it is dropped (see its `Drop`).
-    let shared = &*timed.shared;
+/// Runs the term.
+async fn drive<S: LockService + 'static>(task: Task<S>, give_up_at: Instant) {
+    // `task` ends the term when it is dropped (see its `Drop`).
+    let shared = &*task.shared;
     // The (random) owner also seeds the retry jitter: contenders do not retry in
     // lock step.
     let mut lease = Lease::new(shared.config(), shared.owner);
     let target = Target {
-        service: &timed,
+        service: &*task.service,
         key: &shared.key,
         owner: shared.owner,
         identity: shared.identity(),
@@ -45,7 +50,7 @@ async fn drive<S: LockService + 'static>(timed: Timed<S>, give_up_at: Instant) {
         shared.clock(),
         give_up_at,
         shared.release_wanted(),
-        |report| publish(&timed.service, shared, report, tokio::time::Instant::now()),
+        |report| publish(&task.service, shared, report, tokio::time::Instant::now()),
     );
     // Inside the lease's span (key, holder, fence), with the `tracing` feature.
     #[cfg(feature = "tracing")]
@@ -57,7 +62,7 @@ async fn drive<S: LockService + 'static>(timed: Timed<S>, give_up_at: Instant) {
     // task next to the loop's own future.
     let _ = term.await;
     // The core's counters live in the lease, which the loop borrowed until now.
-    timed.shared.record_core_stats(lease.stats());
+    task.shared.record_core_stats(lease.stats());
 }
 
 /// Hands a driver's report to the handles. A term released after a grant first
@@ -91,7 +96,7 @@ fn note_release<S: LockService + 'static>(service: &Arc<S>, shared: &Shared) {
 /// that is shutting down drops what is spawned on it unpolled), which a guard made
 /// inside the task would miss, leaving the acquire waiting for ever. The handles
 /// then learn that nothing renews.
-impl<S> Drop for Timed<S> {
+impl<S> Drop for Task<S> {
     fn drop(&mut self) {
         self.shared.finish();
     }
@@ -124,11 +129,11 @@ mod tests {
     #[tokio::test]
     async fn a_lease_task_and_its_shared_state_stay_small() {
         let shared = Shared::sample();
-        let timed = super::Timed {
+        let task = super::Task {
             service: Arc::new(MemoryService::new()),
             shared,
         };
-        let task = super::drive(timed, Instant::MAX);
+        let task = super::drive(task, Instant::MAX);
         let (task, shared) = (size_of_val(&task), size_of::<Shared>());
         println!("driver task future: {task} B, shared state: {shared} B");
         let limit = if cfg!(feature = "tracing") { 936 } else { 904 };

@@ -401,16 +401,12 @@ fn step<S: LockService + 'static>(
     Step::Running
 }
 
-/// The request for `action`, owning what it needs. An acquire attempt is noted, so
-/// that a release waits for its outcome.
+/// The request for `action`, owning what it needs.
 fn send<S: LockService + 'static>(
     service: &Arc<S>,
     shared: &Arc<Shared>,
     action: Action,
 ) -> BoxFuture<Response> {
-    if let Action::Acquire { .. } = action {
-        shared.attempt_sent();
-    }
     let (service, shared) = (Arc::clone(service), Arc::clone(shared));
     match action {
         Action::Acquire { term, ttl, .. } => Box::pin(async move {
