@@ -23,22 +23,11 @@ type Waiting<'a> = &'a dyn Fn(&str) -> Vec<String>;
 /// The queue of a Redis, through `RedisLockService::waiting`.
 fn redis_waiting(url: &str) -> impl Fn(&str) -> Vec<String> + '_ {
     move |key: &str| {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
+        blocking(async {
             let service = leasehold_redis::RedisLockService::builder(url)
                 .connect()
-                .await
-                .unwrap();
-            service
-                .waiting(key)
-                .await
-                .unwrap()
-                .iter()
-                .map(|identity| identity.as_str().to_owned())
-                .collect()
+                .await;
+            names(service.unwrap().waiting(key).await.unwrap())
         })
     }
 }
@@ -46,23 +35,28 @@ fn redis_waiting(url: &str) -> impl Fn(&str) -> Vec<String> + '_ {
 /// The queue of an etcd, through `EtcdLockService::waiting`.
 fn etcd_waiting(endpoints: Vec<String>) -> impl Fn(&str) -> Vec<String> {
     move |key: &str| {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let service = leasehold_etcd::EtcdLockService::connect(&endpoints)
-                .await
-                .unwrap();
-            service
-                .waiting(key)
-                .await
-                .unwrap()
-                .iter()
-                .map(|identity| identity.as_str().to_owned())
-                .collect()
+        blocking(async {
+            let service = leasehold_etcd::EtcdLockService::connect(&endpoints).await;
+            names(service.unwrap().waiting(key).await.unwrap())
         })
     }
+}
+
+/// Runs `future` to its end on a runtime of its own.
+fn blocking<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(future)
+}
+
+/// The identities of a queue, in order.
+fn names(queue: Vec<leasehold::Identity>) -> Vec<String> {
+    queue
+        .iter()
+        .map(|identity| identity.as_str().to_owned())
+        .collect()
 }
 
 /// `leasehold run --fair --ttl TTL --identity ID KEY -- sh -c SCRIPT`.

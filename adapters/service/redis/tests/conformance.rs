@@ -9,14 +9,19 @@ use leasehold_conformance::{run_all, Capabilities};
 use leasehold_redis::RedisLockService;
 use leasehold_test_support::RedisServer;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_keeps_the_contract() {
-    let server = RedisServer::start();
-    let service = RedisLockService::builder(server.url())
+/// A service on `server`, with a request timeout that leaves a loaded machine room.
+async fn connect(server: &RedisServer) -> RedisLockService {
+    RedisLockService::builder(server.url())
         .request_timeout(StdDuration::from_secs(2))
         .connect()
         .await
-        .expect("connect to the test redis-server");
+        .expect("connect to the test redis-server")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_keeps_the_contract() {
+    let server = RedisServer::start();
+    let service = connect(&server).await;
     // 300 ms leaves the "still held halfway" checks room for a loaded machine (see the
     // conformance README).
     run_all(&service, &Capabilities::redis(Duration::from_millis(300))).await;
@@ -28,11 +33,7 @@ async fn redis_keeps_the_contract() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_keyspace_notifications_holder_changed_fires_on_every_change() {
     let server = RedisServer::start();
-    let service = RedisLockService::builder(server.url())
-        .request_timeout(StdDuration::from_secs(2))
-        .connect()
-        .await
-        .expect("connect to the test redis-server");
+    let service = connect(&server).await;
     let mut conn = service.connection().clone();
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
@@ -53,11 +54,7 @@ async fn with_keyspace_notifications_holder_changed_fires_on_every_change() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_timing_clauses_catch_a_redis_that_expires_early() {
     let server = RedisServer::start();
-    let service = RedisLockService::builder(server.url())
-        .request_timeout(StdDuration::from_secs(2))
-        .connect()
-        .await
-        .expect("connect to the test redis-server");
+    let service = connect(&server).await;
     let caps = Capabilities::redis(Duration::from_millis(300));
     the_timing_clauses_catch_early_expiry(&service, &caps, &caps).await;
 }
@@ -77,12 +74,7 @@ async fn the_timing_clauses_catch_a_redis_that_expires_early() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fair_redis_keeps_the_contract_but_where_it_contradicts_fifo() {
     let server = RedisServer::start();
-    let service = RedisLockService::builder(server.url())
-        .request_timeout(StdDuration::from_secs(2))
-        .connect()
-        .await
-        .expect("connect to the test redis-server")
-        .with_fair(true);
+    let service = connect(&server).await.with_fair(true);
     let caps = Capabilities::redis(Duration::from_millis(300));
     let violations = leasehold_conformance::check_all(&service, &caps).await;
     let broken: Vec<&str> = violations.iter().map(|v| v.clause).collect();
