@@ -94,7 +94,8 @@ pub struct Hooks<S, V, R, P> {
     /// Starts the revocation watch of the grant with this term and fence; its future
     /// completes if that grant is revoked.
     pub watch: V,
-    /// Ready once the user wants to let go; polled until it is, never after.
+    /// Ready once the user wants to let go; polled until it is (never while an acquire
+    /// attempt is in flight), never after.
     pub release: R,
     /// Sees every [`Event`](leasehold::Event) in order, right after the step that made
     /// it, and the holder named by each "held by another" answer.
@@ -105,8 +106,10 @@ pub struct Hooks<S, V, R, P> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stepped {
     /// The term goes on. Nothing is ready now; the caller steps again when the
-    /// lease's I/O wakes it, and at the lease's next deadline (if it has one), where it
-    /// first calls [`Lease::handle_timeout`].
+    /// lease's I/O wakes it, and at the lease's next deadline (if it has one): there it
+    /// calls [`Lease::handle_timeout`] and steps again. (An answer that came in at that
+    /// same instant counts first if the caller steps before the timeout, as
+    /// `run_term` does by polling the I/O before its sleep.)
     Waiting(Option<Instant>),
     /// The term is over, its release (and the release's retries) included.
     Ended(TermEnd),
