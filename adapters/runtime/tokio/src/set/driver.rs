@@ -153,13 +153,6 @@ impl Drop for Entry {
     }
 }
 
-/// Whether a lease's term goes on after a step.
-#[derive(PartialEq, Eq)]
-enum Step {
-    Running,
-    Ended,
-}
-
 impl<S: LockService + 'static> Driver<S> {
     pub(super) fn new(
         service: Arc<S>,
@@ -214,15 +207,16 @@ impl<S: LockService + 'static> Driver<S> {
             return; // ended already; a late wake-up
         };
         entry.wake.looking();
-        let outcome = step(
+        let stepped = step(
             entry,
             slot,
             &self.service,
             &mut self.timers,
             &mut self.admission,
         );
+        let ended = matches!(stepped, Stepped::Ended(_));
         // Counted in `acquiring` exactly while an acquire of this lease is in flight.
-        let acquiring = outcome == Step::Running && entry.acquiring();
+        let acquiring = !ended && entry.acquiring();
         if acquiring != entry.counted {
             entry.counted = acquiring;
             if acquiring {
@@ -231,7 +225,7 @@ impl<S: LockService + 'static> Driver<S> {
                 self.acquiring = self.acquiring.saturating_sub(1);
             }
         }
-        if outcome == Step::Ended {
+        if ended {
             if let Some(entry) = self.slots.take(slot) {
                 entry.shared.record_core_stats(entry.lease.stats());
             }
@@ -359,7 +353,7 @@ fn step<S: LockService + 'static>(
     service: &Arc<S>,
     timers: &mut Timers,
     admission: &mut Admission,
-) -> Step {
+) -> Stepped {
     let waker = Waker::from(Arc::clone(&entry.wake));
     let mut cx = Context::from_waker(&waker);
     let Entry {
@@ -388,17 +382,16 @@ fn step<S: LockService + 'static>(
         &mut cx,
         &mut hooks,
     );
-    let Stepped::Waiting(next) = stepped else {
-        return Step::Ended;
-    };
-    let next = next.unwrap_or(Instant::MAX);
-    if next != *due {
-        *due = next;
-        if next != Instant::MAX {
-            timers.push(next, slot);
+    if let Stepped::Waiting(next) = stepped {
+        let next = next.unwrap_or(Instant::MAX);
+        if next != *due {
+            *due = next;
+            if next != Instant::MAX {
+                timers.push(next, slot);
+            }
         }
     }
-    Step::Running
+    stepped
 }
 
 /// The request for `action`, owning what it needs.
