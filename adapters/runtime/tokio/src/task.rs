@@ -113,19 +113,9 @@ mod tests {
 
     /// A driver task per lease is most of a lease's memory (tokio rounds a task up to
     /// 128 bytes): keep its future and the shared state from growing unnoticed. The
-    /// holder identity (64 bytes in the request, the shared state and the last
-    /// holder seen) took the task from 832 to 888 B and the shared state from 288 to
-    /// 440 B; the renewal send instant (for the round trip in metrics and tracing) took
-    /// the shared state to 448 B, and the term's counters (`LeaseStats`: retries and the
-    /// core's `Stats`) to 464 B; the lease's `tracing` span (feature `tracing`, on by
-    /// default) adds 40 B to the task, which runs inside it; keeping the sleep across
-    /// the loop's passes (one runtime timer per deadline, not per pass) costs the task
-    /// the 8 B of that deadline. Boxing the last holder seen (only a waiting
-    /// contender has one) took the shared state from 464 to 376 B, and the config,
-    /// clock and identity behind one pointer (`Common`, which a set's leases share) to
-    /// 256 B, and the renewal's send instant, now carried by the core's `Renewed`, to
-    /// 248 B. With the shared per-lease step (`leasehold_driver::step`) the task is
-    /// 864 B with `tracing`.
+    /// limits leave room for one small field; the lease's `tracing` span (feature
+    /// `tracing`, on by default) adds 40 B to the task, which runs inside it.
+    /// CHANGELOG.md records what each size change bought.
     #[tokio::test]
     async fn a_lease_task_and_its_shared_state_stay_small() {
         let shared = Shared::sample();
