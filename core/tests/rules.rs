@@ -1911,6 +1911,65 @@ fn contract_the_release_backoff_outlasts_every_waiters_retry_gap() {
     );
 }
 
+/// Fair waiting, the lease's side: after a held term ends by release, the lease names
+/// the instant it may contend again, one back-off after the release was sent, however
+/// the release's answers went; no turn to wait for after a term that never held.
+#[test]
+fn contract_a_released_hold_waits_one_backoff_before_its_next_turn() {
+    let mut r = Rig::new();
+    let backoff = r.lease.config().release_backoff();
+    assert_eq!(r.lease.turn(), None, "no term yet");
+    r.hold(at(0), at(1), 5);
+    assert_eq!(r.lease.turn(), None, "while held");
+    r.lease.release(at(100), &r.gate).unwrap();
+    assert_eq!(r.lease.turn(), None, "while the release is in flight");
+    let id = r.lease.poll_action().unwrap().id();
+    // The release is answered "unknown", then retried: the turn still counts from
+    // its first send.
+    let unknown = ReleaseOutcome::Indeterminate(Indeterminate::Timeout);
+    r.lease
+        .handle_response(at(150), id, unknown.into(), &r.gate)
+        .applied();
+    assert_eq!(r.lease.state(), State::Released);
+    assert_eq!(r.lease.turn(), Some(at(100) + backoff));
+    let retry_at = r.lease.poll_timeout().unwrap();
+    r.lease.handle_timeout(retry_at, &r.gate);
+    let id = r.lease.poll_action().unwrap().id();
+    r.lease
+        .handle_response(
+            retry_at + ms(1),
+            id,
+            ReleaseOutcome::Released.into(),
+            &r.gate,
+        )
+        .applied();
+    assert_eq!(r.lease.turn(), Some(at(100) + backoff));
+    // A new term starts where the driver let the turn pass; it has no turn to wait
+    // for while it runs, nor once it is released without ever holding.
+    r.start(at(100) + backoff);
+    assert_eq!(r.lease.turn(), None);
+    r.lease.release(at(400), &r.gate).unwrap();
+    assert_eq!(
+        r.lease.state(),
+        State::Releasing,
+        "the attempt may have been granted"
+    );
+    let id = r.lease.poll_action().unwrap().id();
+    r.lease
+        .handle_response(at(401), id, ReleaseOutcome::Released.into(), &r.gate)
+        .applied();
+    assert_eq!(r.lease.state(), State::Released);
+    assert_eq!(r.lease.turn(), None, "never held");
+    // Nor after a loss.
+    r.hold(at(1_000), at(1_001), 6);
+    let id = r.renewal_due(at(1_300));
+    r.lease
+        .handle_response(at(1_301), id, RenewOutcome::NotOwner.into(), &r.gate)
+        .applied();
+    assert_matches!(r.lease.state(), State::Lost(_));
+    assert_eq!(r.lease.turn(), None, "lost, not released");
+}
+
 #[test]
 fn contract_a_renewal_confirming_more_than_asked_counts_only_what_was_asked() {
     // The renewal sent at 300 ms is answered with 5 s. The one sent at 300 ms is the

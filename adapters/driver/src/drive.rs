@@ -67,6 +67,12 @@ impl<S> Copy for Target<'_, S> {}
 /// [`Lease::acquire_until`]), keeps the lease renewed, and returns when it is lost,
 /// released, or was never acquired.
 ///
+/// The first attempt goes out at once: a runtime that keeps `lease` for its next term
+/// lets [`Lease::turn`] pass first (up to `give_up_at`), so that a contender waiting
+/// for the key takes its turn instead of finding it taken again. (An await here would
+/// hold this loop's arguments twice in every lease's future, for a turn that a fresh
+/// lease never has.)
+///
 /// * `gate` is the lease's write gate; the lease flips it before this loop acts on
 ///   anything else of the same step, so workers stop before any request goes out.
 /// * `release` completes when the user wants to let go; it is polled until it does.

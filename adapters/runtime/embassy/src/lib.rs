@@ -33,10 +33,9 @@ use leasehold::{AlreadyActive, Event, Instant, Lease};
 /// was closed before that event exists). `on_report` sees every event, in order, and
 /// the holder named by each "held by another" answer ([`Report::HeldBy`]).
 ///
-/// A term that follows the release of a held key first lets
-/// [`Config::release_backoff`](leasehold::Config::release_backoff) pass after that
-/// release (up to `give_up_at`), so a contender that waits for the key takes its turn
-/// instead of finding it taken again at once.
+/// A term that follows the release of a held key first lets the lease's
+/// [`turn`](Lease::turn) pass (up to `give_up_at`), so a contender that waits for the
+/// key takes its turn instead of finding it taken again at once.
 ///
 /// `give_up_at` is on the lease's clock: [`now`] plus how long to wait. An acquire
 /// refused for good (an invalid key, revoked credentials) ends at once as
@@ -58,15 +57,11 @@ where
     F: FnMut(Report),
 {
     shared.start_term();
-    // A fair turn: after this lease released the key, waiters go first.
-    if let Some(turn) = shared.turn(lease.config().release_backoff()) {
-        let until = turn.min(give_up_at);
-        if now() < until {
-            embassy_time::Timer::at(to_embassy(until)).await;
-        }
+    // A fair turn: after this lease released the key it held, waiters go first.
+    if let Some(turn) = lease.turn() {
+        embassy_time::Timer::at(to_embassy(turn.min(give_up_at))).await;
     }
-    let mut held = false;
-    let end = leasehold_driver::run_term(
+    leasehold_driver::run_term(
         lease,
         shared.gate(),
         target,
@@ -74,17 +69,11 @@ where
         give_up_at,
         shared.release_requested(),
         |report| {
-            match report {
-                Report::Event(Event::Lost { reason, .. }) => shared.signal_lost(reason),
-                Report::Event(Event::Acquired { .. }) => held = true,
-                _ => {}
+            if let Report::Event(Event::Lost { reason, .. }) = report {
+                shared.signal_lost(reason);
             }
             on_report(report);
         },
     )
-    .await;
-    if held && end == Ok(TermEnd::Released) {
-        shared.released(now());
-    }
-    end
+    .await
 }

@@ -1,13 +1,11 @@
 //! What the lease task shares with the rest of the firmware.
 
-use core::cell::Cell;
 use core::fmt;
 use core::future::Future;
 
 use embassy_sync::blocking_mutex::raw::{CriticalSectionRawMutex, RawMutex};
-use embassy_sync::blocking_mutex::Mutex;
 use embassy_sync::signal::Signal;
-use leasehold::{Duration, Fence, GateError, Instant, LossReason, WriteGate};
+use leasehold::{Fence, GateError, LossReason, WriteGate};
 
 /// The write gate plus the lease task's two signals: "the lease was lost" (out) and
 /// "please release" (in). Lives in a `static`; every method takes `&self`.
@@ -42,10 +40,6 @@ pub struct LeaseShared<M: RawMutex = CriticalSectionRawMutex> {
     gate: WriteGate,
     lost: Signal<M, LossReason>,
     release: Signal<M, ()>,
-    /// When the last term that held the key ended by release ([`Instant::ZERO`]:
-    /// never): the next term lets [`Config::release_backoff`](leasehold::Config)
-    /// pass after it, so a waiting contender takes its turn.
-    released_at: Mutex<M, Cell<Instant>>,
 }
 
 impl<M: RawMutex> LeaseShared<M> {
@@ -55,7 +49,6 @@ impl<M: RawMutex> LeaseShared<M> {
             gate: WriteGate::new(),
             lost: Signal::new(),
             release: Signal::new(),
-            released_at: Mutex::new(Cell::new(Instant::ZERO)),
         }
     }
 
@@ -98,18 +91,6 @@ impl<M: RawMutex> LeaseShared<M> {
 
     pub(crate) fn signal_lost(&self, reason: LossReason) {
         self.lost.signal(reason);
-    }
-
-    /// A term that held the key ended by release at `now`.
-    pub(crate) fn released(&self, now: Instant) {
-        self.released_at.lock(|at| at.set(now));
-    }
-
-    /// When the next term may first contend: `backoff` after the last release of a
-    /// held key, or `None` if there was none.
-    pub(crate) fn turn(&self, backoff: Duration) -> Option<Instant> {
-        let at = self.released_at.lock(Cell::get);
-        (at > Instant::ZERO).then(|| at.saturating_add(backoff))
     }
 }
 
