@@ -14,6 +14,7 @@ mod drive;
 #[cfg(feature = "getrandom")]
 mod owner;
 mod service;
+mod severity;
 mod step;
 pub mod tls;
 
@@ -23,5 +24,6 @@ pub use drive::{run_term, Report, Target, TermEnd};
 #[cfg(feature = "getrandom")]
 pub use owner::random_owner;
 pub use service::{LocalLockService, LockService};
+pub use severity::Severity;
 pub use step::{step, Hooks, LeaseIo, Stepped};
 pub use tls::TlsProblem;

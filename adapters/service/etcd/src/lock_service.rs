@@ -7,22 +7,22 @@ use leasehold::{
 };
 use std::future::Future;
 
-use leasehold_driver::LockService;
+use leasehold_driver::{LockService, Severity};
 
-use crate::error::{ErrorKind, EtcdLockError};
+use crate::error::EtcdLockError;
 use crate::service::{Acquired, EtcdLockService, Released, Renewed, Revoked};
 
-/// Logs a failed request: at error level what needs a person (a final refusal, an
-/// endpoint that is not etcd, bad settings), at warn level what
-/// may clear by itself. The cause goes in its own field.
+/// Logs a failed request at the level every service uses ([`Severity`]), its cause in
+/// a field of its own.
 fn log_error(key: &str, err: &EtcdLockError) {
-    let needs_a_person =
-        err.refusal().is_some() || matches!(err.kind(), ErrorKind::Protocol | ErrorKind::Config);
     let cause = std::error::Error::source(err).map(ToString::to_string);
-    if needs_a_person {
-        tracing::error!(key, op = %err.op(), error = %err, ?cause, "etcd lock request failed");
-    } else {
-        tracing::warn!(key, op = %err.op(), error = %err, ?cause, "etcd lock request failed");
+    match Severity::of_failure(err.refusal().is_some(), err.indeterminate()) {
+        Severity::Error => {
+            tracing::error!(key, op = %err.op(), error = %err, ?cause, "etcd lock request failed");
+        }
+        Severity::Warning => {
+            tracing::warn!(key, op = %err.op(), error = %err, ?cause, "etcd lock request failed");
+        }
     }
 }
 

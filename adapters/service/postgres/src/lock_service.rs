@@ -5,22 +5,21 @@ use leasehold::{
     AcquireOutcome, Duration, Fence, HolderOutcome, Identity, OwnerToken, ReleaseOutcome,
     RenewOutcome,
 };
-use leasehold_driver::LockService;
+use leasehold_driver::{LockService, Severity};
 
-use crate::error::{ErrorKind, PostgresLockError};
+use crate::error::PostgresLockError;
 use crate::service::{Acquired, PostgresLockService, Released, Renewed};
 
-/// Logs a failed request: at error level what needs a person (a final refusal, a
-/// read-only server, an answer the statements never produce), at warn level what may
-/// clear by itself.
+/// Logs a failed request at the level every service uses ([`Severity`]): a read-only
+/// server, like Redis's read-only replica, is a warning, as a promotion clears it.
 fn log_error(key: &str, err: &PostgresLockError) {
-    let needs_a_person = err.refusal().is_some()
-        || matches!(err.kind(), ErrorKind::Protocol | ErrorKind::Config)
-        || err.code() == Some("25006");
-    if needs_a_person {
-        tracing::error!(key, op = %err.op(), error = %err, "PostgreSQL lock request failed");
-    } else {
-        tracing::warn!(key, op = %err.op(), error = %err, "PostgreSQL lock request failed");
+    match Severity::of_failure(err.refusal().is_some(), err.indeterminate()) {
+        Severity::Error => {
+            tracing::error!(key, op = %err.op(), error = %err, "PostgreSQL lock request failed");
+        }
+        Severity::Warning => {
+            tracing::warn!(key, op = %err.op(), error = %err, "PostgreSQL lock request failed");
+        }
     }
 }
 

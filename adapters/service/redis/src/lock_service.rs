@@ -5,34 +5,33 @@ use leasehold::{
     AcquireOutcome, Duration, Fence, Holder, HolderOutcome, Identity, Indeterminate, OwnerToken,
     Refusal, ReleaseOutcome, RenewOutcome,
 };
-use leasehold_driver::LockService;
+use leasehold_driver::{LockService, Severity};
 use redis::aio::ConnectionLike;
 
 use crate::error::RedisLockError;
 use crate::service::{Acquired, RedisLockService, Released, Renewed};
 
-/// Logs `err` and turns it into the outcome the lease sees: `refused` for a final
-/// refusal (logged as an error: a person has to act), `indeterminate` otherwise
-/// (a warning, or an error for a reply that does not parse).
+/// Logs `err` at the level every service uses ([`Severity`]) and turns it into the
+/// outcome the lease sees: `refused` for a final refusal, `indeterminate` otherwise.
 fn failure<T>(
     key: &str,
     err: &RedisLockError,
     refused: fn(Refusal) -> T,
     indeterminate: fn(Indeterminate) -> T,
 ) -> T {
-    match (err.refusal(), err.indeterminate()) {
-        (Some(refusal), _) => {
-            tracing::error!(key, op = %err.op(), error = %err, "Redis refused the lock request");
-            refused(refusal)
-        }
-        (None, Some(why @ Indeterminate::Protocol)) => {
+    let refusal = err.refusal();
+    let why = err.indeterminate().unwrap_or(Indeterminate::Protocol);
+    match Severity::of_failure(refusal.is_some(), why) {
+        Severity::Error => {
             tracing::error!(key, op = %err.op(), error = %err, "Redis lock request failed");
-            indeterminate(why)
         }
-        (None, why) => {
+        Severity::Warning => {
             tracing::warn!(key, op = %err.op(), error = %err, "Redis lock request failed");
-            indeterminate(why.unwrap_or(Indeterminate::Protocol))
         }
+    }
+    match refusal {
+        Some(refusal) => refused(refusal),
+        None => indeterminate(why),
     }
 }
 
