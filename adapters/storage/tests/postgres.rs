@@ -227,6 +227,13 @@ async fn a_server_that_stops_answering_is_a_timeout_within_the_bound() {
     );
 }
 
+/// The table `name` with the audit on, created.
+async fn audited(client: &Client, name: &str) -> FencedTable {
+    let table = FencedTable::new(name).unwrap().with_audit(true).unwrap();
+    table.create(client).await.unwrap();
+    table
+}
+
 /// With the audit on, every admitted write leaves one audit row, in admission order,
 /// with its fence and the server's time; a refused write leaves none, and each key
 /// has its own audit.
@@ -234,11 +241,7 @@ async fn a_server_that_stops_answering_is_a_timeout_within_the_bound() {
 async fn audited_writes_are_recorded_in_admission_order_and_refused_ones_are_not() {
     let server = PostgresServer::start();
     let client = connect(&server).await;
-    let table = FencedTable::new("fenced")
-        .unwrap()
-        .with_audit(true)
-        .unwrap();
-    table.create(&client).await.unwrap();
+    let table = audited(&client, "fenced").await;
     table
         .create(&client)
         .await
@@ -288,11 +291,7 @@ async fn audited_writes_are_recorded_in_admission_order_and_refused_ones_are_not
 async fn an_audited_write_and_its_audit_row_commit_together_or_not_at_all() {
     let server = PostgresServer::start();
     let mut client = connect(&server).await;
-    let table = FencedTable::new("fenced")
-        .unwrap()
-        .with_audit(true)
-        .unwrap();
-    table.create(&client).await.unwrap();
+    let table = audited(&client, "fenced").await;
 
     let tx = client.transaction().await.unwrap();
     assert_eq!(
@@ -349,13 +348,7 @@ async fn concurrent_audited_writers_leave_an_audit_in_order_with_every_written_a
     const WRITES: usize = 40;
     let server = PostgresServer::start();
     let admin = connect(&server).await;
-    let table = Arc::new(
-        FencedTable::new("fenced")
-            .unwrap()
-            .with_audit(true)
-            .unwrap(),
-    );
-    table.create(&admin).await.unwrap();
+    let table = Arc::new(audited(&admin, "fenced").await);
 
     let plan = Arc::new(FencePlan::new());
     let mut writers = Vec::new();
@@ -427,11 +420,7 @@ async fn with_the_audit_off_no_audit_table_is_touched() {
 
     // One table, written through an audited and an unaudited `FencedTable`: only the
     // audited writes leave rows.
-    let audited = FencedTable::new("shared")
-        .unwrap()
-        .with_audit(true)
-        .unwrap();
-    audited.create(&client).await.unwrap();
+    let audited = audited(&client, "shared").await;
     assert!(exists("shared_audit").await);
     let unaudited = FencedTable::new("shared").unwrap();
     for (table, fence) in [
