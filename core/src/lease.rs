@@ -518,27 +518,21 @@ impl Lease {
         self.latest
     }
     /// When this lease may contend for its key again, if its last term held the key
-    /// and ended by release: [`Config::release_backoff`] after that release was sent.
-    /// `None` after any other end, and while a term runs.
+    /// and ended by release: [`Config::release_backoff`] after the release was last
+    /// sent (a release whose outcome was unknown is sent again, and the copy sent
+    /// last may be the one that frees the key). `None` after any other end, and while
+    /// a term runs.
     ///
     /// A driver lets this instant pass (or its own wait bound, if sooner) before the
     /// next [`acquire_until`](Self::acquire_until), so a contender waiting for the key
     /// takes its turn instead of finding it taken again at once (`leasehold::rules`,
     /// "Acquiring"). It may be in the past: compare it with now.
     pub fn turn(&self) -> Option<Instant> {
+        // Once a term has ended only releases are sent, so `sent_at` is the last one's.
         if !matches!(self.state, State::Released) || self.granted == Duration::ZERO {
             return None;
         }
-        // A released term's deadline is its release's first send plus twice the TTL
-        // (`send_release`), so the instant is not stored twice: the turn is that
-        // deadline less twice (TTL - retry interval); configs keep the retry interval
-        // below the TTL. A deadline that saturated has no send to count from.
-        if self.deadline == Instant::MAX {
-            return None;
-        }
-        let ttl = self.granted.max(self.config.ttl());
-        let gap = ttl.saturating_sub(self.config.retry_interval());
-        Some(self.deadline.saturating_sub(gap.saturating_mul(2)))
+        Some(self.sent_at.saturating_add(self.config.release_backoff()))
     }
 
     /// Counters.

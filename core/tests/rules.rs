@@ -1912,8 +1912,8 @@ fn contract_the_release_backoff_outlasts_every_waiters_retry_gap() {
 }
 
 /// Fair waiting, the lease's side: after a held term ends by release, the lease names
-/// the instant it may contend again, one back-off after the release was sent, however
-/// the release's answers went; no turn to wait for after a term that never held.
+/// the instant it may contend again, one back-off after the release was last sent; no
+/// turn to wait for after a term that never held.
 #[test]
 fn contract_a_released_hold_waits_one_backoff_before_its_next_turn() {
     let mut r = Rig::new();
@@ -1924,8 +1924,8 @@ fn contract_a_released_hold_waits_one_backoff_before_its_next_turn() {
     r.lease.release(at(100), &r.gate).unwrap();
     assert_eq!(r.lease.turn(), None, "while the release is in flight");
     let id = r.lease.poll_action().unwrap().id();
-    // The release is answered "unknown", then retried: the turn still counts from
-    // its first send.
+    // The release is answered "unknown", then sent again: the copy sent last may be
+    // the one that frees the key, so the turn counts from it.
     let unknown = ReleaseOutcome::Indeterminate(Indeterminate::Timeout);
     r.lease
         .handle_response(at(150), id, unknown.into(), &r.gate)
@@ -1943,10 +1943,10 @@ fn contract_a_released_hold_waits_one_backoff_before_its_next_turn() {
             &r.gate,
         )
         .applied();
-    assert_eq!(r.lease.turn(), Some(at(100) + backoff));
+    assert_eq!(r.lease.turn(), Some(retry_at + backoff));
     // A new term starts where the driver let the turn pass; it has no turn to wait
     // for while it runs, nor once it is released without ever holding.
-    r.start(at(100) + backoff);
+    r.start(retry_at + backoff);
     assert_eq!(r.lease.turn(), None);
     r.lease.release(at(400), &r.gate).unwrap();
     assert_eq!(

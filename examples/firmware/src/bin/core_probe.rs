@@ -214,7 +214,7 @@ mod probe {
                 _ => {
                     black_box((lease.state(), lease.term(), lease.fence(), lease.deadline()));
                     black_box((lease.writes_paused(), lease.latest_instant(), lease.stats()));
-                    black_box((lease.is_awaiting(id), lease.config().ttl()));
+                    black_box((lease.is_awaiting(id), lease.config().ttl(), lease.turn()));
                     black_box((lease.granted_ttl(), lease.config().accepts_grant(ttl)));
                     let _ = black_box(check_key(text()));
                     let _ = black_box(Identity::new(text()));
