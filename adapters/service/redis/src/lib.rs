@@ -13,6 +13,7 @@ mod error;
 mod fair;
 mod keys;
 mod lock_service;
+mod place;
 mod scripts;
 mod service;
 #[cfg(feature = "tls")]

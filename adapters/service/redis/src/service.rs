@@ -12,6 +12,7 @@ use redis::{ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 use crate::error::{Op, ProtocolError, RedisLockError};
 use crate::fair;
 use crate::keys::{queue_keys, EpochScope, FenceKey, FencedKeys, LockKey};
+use crate::place::Place;
 use crate::scripts::{self, AcquireReply, ValuePrefix};
 
 /// How many script calls one service (all its clones) keeps on the wire at once by
@@ -25,9 +26,9 @@ use crate::scripts::{self, AcquireReply, ValuePrefix};
 /// together. With the bound, the queue on the wire stays short (1,024 scripts are a
 /// few milliseconds of Redis's time), a call that runs out of time while waiting here
 /// is never sent, and the capacity goes to calls that can still be answered in time.
-/// A call whose caller gives up after sending it frees its place at once although
-/// Redis will still run it: while Redis is stalled, each round of timeouts can add
-/// up to this many more to its queue (rather than every retry of every lease).
+/// A call whose caller gives up after sending it keeps its place until Redis has run
+/// it (a `PING` behind it is answered), so a stalled Redis never queues more than
+/// this many calls, whatever the retries.
 pub const MAX_IN_FLIGHT: usize = 1024;
 
 /// The longest TTL an acquire may ask for by default, and so the quarantine after
@@ -850,7 +851,7 @@ where
         let started = tokio::time::Instant::now();
         let call = async {
             // The semaphore is never closed, so this waits for a permit and never fails.
-            let _on_the_wire = self.in_flight.acquire().await;
+            let permit = self.in_flight.acquire().await.ok();
             if let Some(after) = self.request_timeout {
                 if started.elapsed() >= after {
                     // Out of time while waiting: never sent, nothing for Redis to do.
@@ -868,7 +869,9 @@ where
                 .arg(keys)
                 .arg(args);
             let mut conn = self.conn.clone();
-            match self.send(&mut conn, &cmd, replicas, started).await {
+            // Taken until Redis answers, even if this call is given up (`place.rs`).
+            let place = Place::new(permit, &self.in_flight, &self.conn);
+            let answer = match self.send(&mut conn, &cmd, replicas, started).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     self.shared.reloads.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(%op, sha = %script.sha, "Redis forgot the script (NOSCRIPT): reloading it");
@@ -878,7 +881,9 @@ where
                         .map_err(|e| RedisLockError::from_redis(op, endpoint, e))
                 }
                 other => other.map_err(|e| RedisLockError::from_redis(op, endpoint, e)),
-            }
+            };
+            place.answered();
+            answer
         };
         self.bounded(op, call).await
     }

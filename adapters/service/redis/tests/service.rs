@@ -625,6 +625,56 @@ fn a_stalled_server_is_sent_at_most_the_in_flight_bound_and_calls_that_time_out_
     }
 }
 
+/// A call whose caller gave up (its request timeout ran out while Redis was stopped)
+/// keeps its place on the wire until Redis has run it: with one place, the next call
+/// waits for it and runs out of time unsent, and once Redis is back a call goes out
+/// as soon as the stale one is done. Freed at its timeout instead, the place would
+/// let the second call pile up behind the first in Redis's queue.
+#[test]
+fn a_call_given_up_keeps_its_place_until_redis_has_run_it() {
+    let server = RedisServer::start();
+    run_local(async {
+        let service = RedisLockService::builder(server.url())
+            .request_timeout(std_ms(300))
+            .max_ttl(std_ms(60_000))
+            .max_in_flight(1)
+            .connect()
+            .await
+            .unwrap();
+        let t = token(1, 1);
+        let granted = service
+            .try_acquire("k", t, &id("host-a:1"), ms(60_000))
+            .await;
+        let Ok(Acquired::Granted { fence, .. }) = granted else {
+            panic!("{granted:?}")
+        };
+        let before = scripts_run(&server);
+
+        server.pause();
+        tokio::time::pause();
+        for call in ["sent, then given up", "never sent"] {
+            let answer = service.try_renew("k", t, fence, ms(60_000)).await;
+            assert!(
+                matches!(answer, Err(RedisLockError::Timeout { .. })),
+                "{call}: {answer:?}"
+            );
+        }
+        tokio::time::resume();
+        server.resume();
+
+        let renewed = service.try_renew("k", t, fence, ms(60_000)).await;
+        assert!(
+            matches!(renewed, Ok(Renewed::Renewed { .. })),
+            "{renewed:?}"
+        );
+        assert_eq!(
+            scripts_run(&server) - before,
+            2,
+            "the call given up and the last one ran; the one that waited was never sent"
+        );
+    });
+}
+
 fn stalled_server_sees_at_most(bound: Option<usize>) {
     const CALLS: usize = 10_000;
     let most = bound.unwrap_or(leasehold_redis::MAX_IN_FLIGHT) as u64;
