@@ -625,6 +625,29 @@ fn a_stalled_server_is_sent_at_most_the_in_flight_bound_and_calls_that_time_out_
     }
 }
 
+/// A service with a 300 ms request timeout (and `max_in_flight`, when given) that
+/// holds key `k` for a minute: its token and fence.
+async fn holding_k(
+    server: &RedisServer,
+    max_in_flight: Option<usize>,
+) -> (RedisLockService, leasehold::OwnerToken, Fence) {
+    let mut builder = RedisLockService::builder(server.url())
+        .request_timeout(std_ms(300))
+        .max_ttl(std_ms(60_000));
+    if let Some(bound) = max_in_flight {
+        builder = builder.max_in_flight(bound);
+    }
+    let service = builder.connect().await.unwrap();
+    let t = token(1, 1);
+    let granted = service
+        .try_acquire("k", t, &id("host-a:1"), ms(60_000))
+        .await;
+    let Ok(Acquired::Granted { fence, .. }) = granted else {
+        panic!("{granted:?}")
+    };
+    (service, t, fence)
+}
+
 /// A call whose caller gave up (its request timeout ran out while Redis was stopped)
 /// keeps its place on the wire until Redis has run it: with one place, the next call
 /// waits for it and runs out of time unsent, and once Redis is back a call goes out
@@ -634,20 +657,7 @@ fn a_stalled_server_is_sent_at_most_the_in_flight_bound_and_calls_that_time_out_
 fn a_call_given_up_keeps_its_place_until_redis_has_run_it() {
     let server = RedisServer::start();
     run_local(async {
-        let service = RedisLockService::builder(server.url())
-            .request_timeout(std_ms(300))
-            .max_ttl(std_ms(60_000))
-            .max_in_flight(1)
-            .connect()
-            .await
-            .unwrap();
-        let t = token(1, 1);
-        let granted = service
-            .try_acquire("k", t, &id("host-a:1"), ms(60_000))
-            .await;
-        let Ok(Acquired::Granted { fence, .. }) = granted else {
-            panic!("{granted:?}")
-        };
+        let (service, t, fence) = holding_k(&server, Some(1)).await;
         let before = scripts_run(&server);
 
         server.pause();
@@ -680,20 +690,7 @@ fn stalled_server_sees_at_most(bound: Option<usize>) {
     let most = bound.unwrap_or(leasehold_redis::MAX_IN_FLIGHT) as u64;
     let server = RedisServer::start();
     run_local(async {
-        let mut builder = RedisLockService::builder(server.url())
-            .request_timeout(std_ms(300))
-            .max_ttl(std_ms(60_000));
-        if let Some(bound) = bound {
-            builder = builder.max_in_flight(bound);
-        }
-        let service = builder.connect().await.unwrap();
-        let t = token(1, 1);
-        let granted = service
-            .try_acquire("k", t, &id("host-a:1"), ms(60_000))
-            .await;
-        let Ok(Acquired::Granted { fence, .. }) = granted else {
-            panic!("{granted:?}")
-        };
+        let (service, t, fence) = holding_k(&server, bound).await;
         let before = scripts_run(&server);
 
         // Redis stops (SIGSTOP) with ten thousand renewals to send. On the virtual
