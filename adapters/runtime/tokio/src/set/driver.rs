@@ -308,9 +308,10 @@ impl<S: LockService + 'static> Future for Driver<S> {
             }
 
             // The next deadline, or the instant more new leases may start at once.
-            let reopens = match this.new.is_empty() {
-                true => None,
-                false => this.admission.reopens(now),
+            let reopens = if this.new.is_empty() {
+                None
+            } else {
+                this.admission.reopens(now)
             };
             let next = match (this.timers.peek(), reopens) {
                 (Some(due), Some(reopens)) => Some(due.min(reopens)),

@@ -36,11 +36,11 @@ use wake::{Inbox, Registration};
 /// last handle. A slow or stuck request of one lease never delays another: requests
 /// run concurrently, and the driver only steps leases that are due or woken.
 ///
-/// A burst of acquires is paced, and renewals go first: each driver keeps at most 256
-/// acquire requests in flight and starts the next lease as an answer comes back, so a
-/// hundred thousand acquires at once reach the service at its own speed rather than
-/// all together (where they would wait in its queue past the request timeout and be
-/// sent again). Renewals go first: while the leases it holds are renewed late (the
+/// A burst of acquires is paced: each driver keeps at most 256 acquire requests in
+/// flight and starts the next lease as an answer comes back, so a hundred thousand
+/// acquires at once reach the service at its own speed rather than all together
+/// (where they would wait in its queue past the request timeout and be sent again).
+/// Renewals go first: while the leases it holds are renewed late (the
 /// latest renewal was answered more than half the request timeout after it was sent,
 /// or failed), a driver keeps only one acquire in flight, until a renewal is answered
 /// in time again.
