@@ -25,37 +25,53 @@ pub struct Grant {
     pub expires_at: Instant,
 }
 
-/// A grant as the table keeps it: the identity shared with the grants before it that
-/// named the same one (most of a process's leases name the same `host:pid`), not 65
-/// bytes in every key; and who waits for its revocation.
+/// A grant as the table keeps it, 56 bytes: the identity shared with the grants
+/// before it that named the same one (most of a process's leases name the same
+/// `host:pid`), not 65 bytes in every key; its fence is the key's last one (a key's
+/// live grant is always the latest); its expiry counted from the table's origin; and
+/// who waits for its revocation.
 #[derive(Clone, Debug)]
 struct Held {
     token: OwnerToken,
     identity: Arc<Identity>,
-    fence: Fence,
-    expires_at: Instant,
+    /// Nanoseconds after the table's origin (see [`Table::offset`]).
+    expires_at: i64,
     /// The waker of the watch on this grant's revocation. One waker, kept with the
     /// grant and gone with it, not a waiting future per holder that every revocation
     /// wakes (nor a waker kept past its grant, holding a finished task's memory).
     watcher: Option<Waker>,
 }
 
-impl Held {
-    /// The grant as a contender sees it at `now`.
-    fn holder(&self, now: Instant) -> Holder {
+/// A live grant and its fence, as [`Key::live`] finds them.
+struct Live<'a> {
+    held: &'a mut Held,
+    fence: Fence,
+}
+
+impl Live<'_> {
+    /// The grant as a contender sees it at `now` (an offset, as the expiry).
+    fn holder(&self, now: i64) -> Holder {
+        let remaining = self.held.expires_at.saturating_sub(now).max(0) / 1_000;
         Holder {
-            identity: *self.identity,
+            identity: *self.held.identity,
             fence: self.fence,
-            remaining: core_duration(self.expires_at.saturating_duration_since(now)),
+            remaining: leasehold::Duration::from_micros(remaining.unsigned_abs()),
         }
     }
 
-    fn grant(&self) -> Grant {
+    fn grant(&self, origin: Instant) -> Grant {
+        // The offset came from an instant, so it maps back to one.
+        let offset = std::time::Duration::from_nanos(self.held.expires_at.unsigned_abs());
+        let expires_at = if self.held.expires_at >= 0 {
+            origin.checked_add(offset)
+        } else {
+            origin.checked_sub(offset)
+        };
         Grant {
-            token: self.token,
-            identity: *self.identity,
+            token: self.held.token,
+            identity: *self.held.identity,
             fence: self.fence,
-            expires_at: self.expires_at,
+            expires_at: expires_at.unwrap_or(origin),
         }
     }
 }
@@ -78,7 +94,7 @@ struct Key {
 impl Key {
     /// The grant, if it has not expired by `now`. Expiry is evaluated lazily, on
     /// every access, so no timer runs per key.
-    fn live(&mut self, now: Instant) -> Option<&mut Held> {
+    fn live(&mut self, now: i64) -> Option<Live<'_>> {
         if self
             .grant
             .as_ref()
@@ -86,18 +102,48 @@ impl Key {
         {
             self.grant = None;
         }
-        self.grant.as_mut()
+        let fence = Fence(self.last_fence);
+        self.grant.as_mut().map(|held| Live { held, fence })
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Table {
     keys: HashMap<Box<str>, Key>,
     /// The identity the last grant named, shared with the next grant that names it.
     last_identity: Option<Arc<Identity>>,
+    /// The instant grants' expiries count from: an `i64` of nanoseconds from it is
+    /// 8 bytes less per key than an `Instant`.
+    origin: Instant,
+}
+
+impl Default for Table {
+    fn default() -> Table {
+        Table {
+            keys: HashMap::new(),
+            last_identity: None,
+            origin: Instant::now(),
+        }
+    }
 }
 
 impl Table {
+    /// `at` as nanoseconds from the origin, negative before it: a service made on one
+    /// runtime may be used on another whose (paused) clock is behind, and its
+    /// instants must keep their order. Saturates 292 years away.
+    fn offset(&self, at: Instant) -> i64 {
+        let nanos = |d: std::time::Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
+        match at.checked_duration_since(self.origin) {
+            Some(after) => nanos(after),
+            None => -nanos(self.origin.duration_since(at)),
+        }
+    }
+
+    /// The expiry of a grant given `ttl` at `now`.
+    fn expiry(now: i64, ttl: std::time::Duration) -> i64 {
+        now.saturating_add(i64::try_from(ttl.as_nanos()).unwrap_or(i64::MAX))
+    }
+
     /// `identity`, shared with the last grant's when it is the same.
     fn intern(&mut self, identity: Identity) -> Arc<Identity> {
         match &self.last_identity {
@@ -122,33 +168,32 @@ impl Table {
         ttl: std::time::Duration,
         now: Instant,
     ) -> AcquireOutcome {
+        let now = self.offset(now);
         let identity = self.intern(identity);
         let key = self.key(key);
         let ttl_granted = core_duration(ttl);
         match key.live(now) {
             // The same token again: an earlier attempt was granted but its answer got
             // lost. Grant again with the same fence.
-            Some(grant) if grant.token == token => {
-                grant.expires_at = now + ttl;
-                grant.identity = identity;
+            Some(live) if live.held.token == token => {
+                live.held.expires_at = Table::expiry(now, ttl);
+                live.held.identity = identity;
                 AcquireOutcome::Granted {
-                    fence: grant.fence,
+                    fence: live.fence,
                     ttl: ttl_granted,
                 }
             }
-            Some(grant) => AcquireOutcome::HeldByAnother(grant.holder(now)),
+            Some(live) => AcquireOutcome::HeldByAnother(live.holder(now)),
             None => {
                 key.last_fence += 1;
-                let fence = Fence(key.last_fence);
                 key.grant = Some(Held {
                     token,
                     identity,
-                    fence,
-                    expires_at: now + ttl,
+                    expires_at: Table::expiry(now, ttl),
                     watcher: None,
                 });
                 AcquireOutcome::Granted {
-                    fence,
+                    fence: Fence(key.last_fence),
                     ttl: ttl_granted,
                 }
             }
@@ -164,9 +209,10 @@ impl Table {
         ttl: std::time::Duration,
         now: Instant,
     ) -> RenewOutcome {
+        let now = self.offset(now);
         match self.keys.get_mut(key).and_then(|key| key.live(now)) {
-            Some(grant) if grant.token == token && grant.fence == fence => {
-                grant.expires_at = now + ttl;
+            Some(live) if live.held.token == token && live.fence == fence => {
+                live.held.expires_at = Table::expiry(now, ttl);
                 RenewOutcome::Renewed {
                     ttl: core_duration(ttl),
                 }
@@ -177,11 +223,12 @@ impl Table {
 
     /// Compare-and-delete: deletes only `token`'s own live grant.
     pub(crate) fn release(&mut self, key: &str, token: OwnerToken, now: Instant) -> ReleaseOutcome {
+        let now = self.offset(now);
         let Some(key) = self.keys.get_mut(key) else {
             return ReleaseOutcome::NotOwner;
         };
         match key.live(now) {
-            Some(grant) if grant.token == token => {
+            Some(live) if live.held.token == token => {
                 key.grant = None;
                 ReleaseOutcome::Released
             }
@@ -191,21 +238,27 @@ impl Table {
 
     /// Who holds `key` at `now`.
     pub(crate) fn holder(&mut self, key: &str, now: Instant) -> HolderOutcome {
+        let now = self.offset(now);
         match self.keys.get_mut(key).and_then(|key| key.live(now)) {
-            Some(held) => HolderOutcome::Held(held.holder(now)),
+            Some(live) => HolderOutcome::Held(live.holder(now)),
             None => HolderOutcome::Free,
         }
     }
 
     pub(crate) fn grant(&mut self, key: &str, now: Instant) -> Option<Grant> {
-        self.keys.get_mut(key)?.live(now).map(|held| held.grant())
+        let (now, origin) = (self.offset(now), self.origin);
+        self.keys
+            .get_mut(key)?
+            .live(now)
+            .map(|live| live.grant(origin))
     }
 
     /// Deletes the live grant from outside and remembers it was revoked; with it,
     /// the waker of its watcher (to be woken once the table is unlocked).
     pub(crate) fn revoke(&mut self, key: &str, now: Instant) -> Option<(Grant, Option<Waker>)> {
+        let (now, origin) = (self.offset(now), self.origin);
         let key = self.keys.get_mut(key)?;
-        let grant = key.live(now)?.grant();
+        let grant = key.live(now)?.grant(origin);
         let watcher = key.grant.take().and_then(|held| held.watcher);
         key.revoked_fence = key.revoked_fence.max(grant.fence.0);
         Some((grant, watcher))
@@ -213,8 +266,9 @@ impl Table {
 
     /// Ends the live grant as if its TTL ran out now (no notification).
     pub(crate) fn expire(&mut self, key: &str, now: Instant) -> Option<Grant> {
+        let (now, origin) = (self.offset(now), self.origin);
         let key = self.keys.get_mut(key)?;
-        let grant = key.live(now)?.grant();
+        let grant = key.live(now)?.grant(origin);
         key.grant = None;
         Some(grant)
     }
@@ -229,19 +283,17 @@ impl Table {
         waker: &Waker,
         now: Instant,
     ) -> bool {
+        let now = self.offset(now);
         let Some(key) = self.keys.get_mut(key) else {
             return false; // never granted here, so never revoked
         };
         if key.revoked_fence >= fence.0 {
             return true;
         }
-        if let Some(held) = key.live(now).filter(|held| held.fence == fence) {
-            if !held
-                .watcher
-                .as_ref()
-                .is_some_and(|known| known.will_wake(waker))
-            {
-                held.watcher = Some(waker.clone());
+        if let Some(live) = key.live(now).filter(|live| live.fence == fence) {
+            let watcher = &mut live.held.watcher;
+            if !watcher.as_ref().is_some_and(|known| known.will_wake(waker)) {
+                *watcher = Some(waker.clone());
             }
         }
         false
@@ -249,5 +301,16 @@ impl Table {
 
     pub(crate) fn len(&self) -> usize {
         self.keys.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A key the service knows costs its name and this record, in a hash table that
+    /// is up to half empty: a million leases keep a million of them.
+    #[test]
+    fn a_key_stays_small() {
+        let key = size_of::<super::Key>();
+        assert!(key <= 72, "a key is {key} B");
     }
 }

@@ -139,6 +139,29 @@ async fn the_ttl_is_hard_counted_from_when_the_service_acted() {
     );
 }
 
+/// A service made outside the runtime (here on another thread, after the paused clock
+/// stopped) is used on a clock that is behind the instant it was made: its grants
+/// still expire exactly at their TTL.
+#[tokio::test(start_paused = true)]
+async fn the_ttl_stays_exact_on_a_clock_behind_the_service_s_creation() {
+    let start = Instant::now();
+    let s = std::thread::spawn(MemoryService::new).join().unwrap();
+    assert_eq!(
+        s.acquire("k", token(1), &Identity::EMPTY, TTL).await,
+        granted(1)
+    );
+    assert_eq!(
+        s.grant("k").unwrap().expires_at,
+        start + StdDuration::from_millis(900)
+    );
+    tokio::time::advance(StdDuration::from_millis(900)).await;
+    assert_eq!(s.grant("k"), None);
+    assert_eq!(
+        s.acquire("k", token(2), &Identity::EMPTY, TTL).await,
+        granted(2)
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn renew_compares_the_fence_so_a_recreated_grant_of_the_same_token_is_not_extended() {
     let s = MemoryService::new();
