@@ -93,18 +93,30 @@ struct Status {
     granted: Option<(Fence, Term)>,
     /// The acquire ended without a grant, and why.
     not_acquired: Option<AcquireFailure>,
-    /// The holder named by the latest "held by another" answer. Boxed: only a
-    /// contender waiting for a held key has one, and inline it would cost every
-    /// lease 88 bytes.
-    last_holder: Option<Box<Holder>>,
     /// The lease is counted in the "leases held" gauge (granted, not yet ended).
     counted_held: bool,
     /// Retries counted from the events, and the core's counters at the term's end.
     stats: LeaseStats,
-    /// Created on first request, so that leases nobody observes stay small.
+    /// Created on first use: most leases are never observed and never wait for a
+    /// holder, and inline these would cost every lease 112 bytes.
+    rare: Option<Box<Rare>>,
+}
+
+/// What only some leases need: a contender waiting for a held key, or a lease someone
+/// observes.
+#[derive(Default)]
+struct Rare {
+    /// The holder named by the latest "held by another" answer.
+    last_holder: Option<Holder>,
     token: Option<CancellationToken>,
     watch: Option<watch::Sender<LeaseState>>,
     events: Option<broadcast::Sender<TimedEvent>>,
+}
+
+impl Status {
+    fn rare(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
+    }
 }
 
 impl Shared {
@@ -124,12 +136,9 @@ impl Shared {
                 finished: false,
                 granted: None,
                 not_acquired: None,
-                last_holder: None,
                 counted_held: false,
                 stats: LeaseStats::default(),
-                token: None,
-                watch: None,
-                events: None,
+                rare: None,
             }),
         }
     }
@@ -214,7 +223,7 @@ impl Shared {
         (
             status.granted.is_some(),
             status.not_acquired,
-            status.last_holder.as_deref().copied(),
+            status.rare.as_ref().and_then(|rare| rare.last_holder),
             status.state,
         )
     }
@@ -243,7 +252,10 @@ impl Shared {
     pub(crate) fn cancellation_token(&self) -> CancellationToken {
         let mut status = self.status();
         let ended = status.end.is_some();
-        let token = status.token.get_or_insert_with(CancellationToken::new);
+        let token = status
+            .rare()
+            .token
+            .get_or_insert_with(CancellationToken::new);
         if ended {
             token.cancel();
         }
@@ -253,11 +265,12 @@ impl Shared {
     pub(crate) fn subscribe(&self) -> watch::Receiver<LeaseState> {
         let mut status = self.status();
         let state = status.state;
-        match &status.watch {
+        let rare = status.rare();
+        match &rare.watch {
             Some(sender) => sender.subscribe(),
             None => {
                 let (sender, receiver) = watch::channel(state);
-                status.watch = Some(sender);
+                rare.watch = Some(sender);
                 receiver
             }
         }
@@ -265,6 +278,7 @@ impl Shared {
 
     pub(crate) fn events(&self) -> broadcast::Receiver<TimedEvent> {
         self.status()
+            .rare()
             .events
             .get_or_insert_with(|| broadcast::channel(EVENT_CAPACITY).0)
             .subscribe()
@@ -347,11 +361,7 @@ impl Shared {
         let event = match report {
             Report::Event(event) => event,
             Report::HeldBy(holder) => {
-                let mut status = self.status();
-                match &mut status.last_holder {
-                    Some(last) => **last = holder,
-                    None => status.last_holder = Some(Box::new(holder)),
-                }
+                self.status().rare().last_holder = Some(holder);
                 return;
             }
             // Reports a newer driver adds are not for the handles.
@@ -430,7 +440,7 @@ impl Shared {
             if let Some(state) = next {
                 set_state(&mut status, state);
             }
-            if let Some(events) = &status.events {
+            if let Some(events) = status.rare.as_ref().and_then(|rare| rare.events.as_ref()) {
                 // No receiver left is fine: nobody listens.
                 let _ = events.send(timed);
             }
@@ -482,7 +492,7 @@ fn end_once(status: &mut Status, end: LeaseEnd) {
         status.counted_held = false;
         metrics::held(-1.0);
     }
-    if let Some(token) = &status.token {
+    if let Some(token) = status.rare.as_ref().and_then(|rare| rare.token.as_ref()) {
         token.cancel();
     }
 }
@@ -494,7 +504,7 @@ fn set_state(status: &mut Status, state: LeaseState) {
         return;
     }
     status.state = state;
-    if let Some(watch) = &status.watch {
+    if let Some(watch) = status.rare.as_ref().and_then(|rare| rare.watch.as_ref()) {
         watch.send_replace(state);
     }
 }
