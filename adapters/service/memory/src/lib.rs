@@ -298,17 +298,49 @@ impl LockService for MemoryService {
         fence: Fence,
     ) -> impl Future<Output = ()> + Send {
         let _ = token;
+        Watch {
+            service: self,
+            key,
+            fence,
+        }
+    }
+}
+
+/// The revocation watch of one grant. A future of a few words: every held lease
+/// keeps one.
+struct Watch<'s, 'k> {
+    service: &'s MemoryService,
+    key: &'k str,
+    fence: Fence,
+}
+
+impl Future for Watch<'_, '_> {
+    type Output = ();
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
         // Looks and registers under the shard's lock, so a revocation cannot fall in
-        // between. A future of a few words: every held lease keeps one.
-        std::future::poll_fn(move |cx| {
-            let now = tokio::time::Instant::now();
-            let mut shard = self.shards.of(key);
-            if shard.table.watch_revocation(key, fence, cx.waker(), now) {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        })
+        // between.
+        let now = tokio::time::Instant::now();
+        let mut shard = self.service.shards.of(self.key);
+        if shard
+            .table
+            .watch_revocation(self.key, self.fence, cx.waker(), now)
+        {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+/// A watch given up takes its waker back from the grant: the grant may outlive it
+/// (a lease that stopped renewing leaves its grant to expire, and an expired grant
+/// goes only when its key is next used), and the waker keeps its task, or the lease
+/// it wakes, in memory.
+impl Drop for Watch<'_, '_> {
+    fn drop(&mut self) {
+        let mut shard = self.service.shards.of(self.key);
+        shard.table.unwatch(self.key, self.fence);
     }
 }
 

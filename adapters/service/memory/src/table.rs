@@ -299,6 +299,18 @@ impl Table {
         false
     }
 
+    /// Forgets the waker of the watch on `key`'s grant with `fence`, if that grant is
+    /// still there (live or expired).
+    pub(crate) fn unwatch(&mut self, key: &str, fence: Fence) {
+        if let Some(key) = self.keys.get_mut(key) {
+            if key.last_fence == fence.0 {
+                if let Some(held) = &mut key.grant {
+                    held.watcher = None;
+                }
+            }
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.keys.len()
     }

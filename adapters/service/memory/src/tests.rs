@@ -393,6 +393,32 @@ async fn a_revocation_wakes_only_the_watcher_of_the_grant_revoked() {
     assert_eq!(Arc::strong_count(&other), 1, "dropped with the grant");
 }
 
+/// A watch given up lets go of its waker even while its grant is still there: a lease
+/// that stopped renewing leaves the grant to expire, and an expired grant goes only
+/// when its key is next used.
+#[tokio::test(start_paused = true)]
+async fn a_watch_given_up_lets_go_of_its_waker() {
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Waker};
+    let s = MemoryService::new();
+    let wakes = Arc::new(Wakes::default());
+    assert_eq!(
+        s.acquire("k", token(1), &Identity::EMPTY, TTL).await,
+        granted(1)
+    );
+    let mut watch = Box::pin(s.revoked("k", token(1), Fence(1)));
+    let waker = Waker::from(Arc::clone(&wakes));
+    assert_eq!(
+        watch.as_mut().poll(&mut Context::from_waker(&waker)),
+        Poll::Pending
+    );
+    drop(waker);
+    tokio::time::advance(StdDuration::from_secs(1)).await;
+    assert_eq!(Arc::strong_count(&wakes), 2, "kept while the watch waits");
+    drop(watch);
+    assert_eq!(Arc::strong_count(&wakes), 1, "let go with the watch");
+}
+
 /// Keys are spread over shards: leases on many keys from several worker threads each
 /// get their own fence counter, and the service's counts add up over every shard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
