@@ -247,6 +247,7 @@ where
             config,
             clock: LeaseClock::start(),
             identity: options.identity.unwrap_or_else(default_identity),
+            drivers: None,
         });
         start(&service, key, common, options, |shared, give_up_at| {
             task::spawn(shared, service.clone(), give_up_at);

@@ -254,6 +254,12 @@ impl LeaseHandle {
             .await
     }
 
+    /// The lease's shared state, for the memory tests.
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
     /// Asks for the release without waiting: writes stop at once (as in
     /// [`release`](Self::release)), [`lost`](Self::lost) completes.
     pub(crate) fn request_release(&self) {

@@ -8,7 +8,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
@@ -23,6 +23,7 @@ use leasehold_driver::Report;
 use tokio::sync::{broadcast, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
+use crate::set::Inbox;
 use crate::{metrics, trace, LeaseClock, LeaseEnd, LeaseState, LeaseStats, TimedEvent};
 
 /// How many events a late [`events`](crate::LeaseHandle::events) subscriber can lag
@@ -52,6 +53,9 @@ pub(crate) struct Common {
     pub(crate) config: Config,
     pub(crate) clock: LeaseClock,
     pub(crate) identity: Identity,
+    /// A set's driver inboxes, by index: where its leases' wake-ups go. `None` for a
+    /// task per lease.
+    pub(crate) drivers: Option<Arc<[Arc<Inbox>]>>,
 }
 
 impl Common {
@@ -60,7 +64,11 @@ impl Common {
         if identity == self.identity {
             Arc::clone(self)
         } else {
-            Arc::new(Common { identity, ..**self })
+            Arc::new(Common {
+                identity,
+                drivers: self.drivers.clone(),
+                ..**self
+            })
         }
     }
 }
@@ -72,6 +80,14 @@ pub(crate) struct Shared {
     pub(crate) owner: Owner,
     /// A [`stop`] value: raised by a release request or the driver's end.
     stop: AtomicU8,
+    /// For a lease in a [`LeaseSet`](crate::LeaseSet), where its wake-ups go: its
+    /// driver (an index into [`Common::drivers`]) and its slot there, and whether it is
+    /// queued there already. The lease's record is its own waker (see `set::wake`):
+    /// these 7 bytes fit beside `stop`, where a waker of its own cost the lease an
+    /// allocation of 32.
+    pub(crate) queued: AtomicBool,
+    pub(crate) driver: AtomicU16,
+    pub(crate) slot: AtomicU32,
     /// Live [`LeaseHandle`](crate::LeaseHandle)s; the last one to go releases.
     pub(crate) handles: AtomicUsize,
     /// Wakes the driver for a release; the driver's release future is
@@ -127,6 +143,9 @@ impl Shared {
             key,
             owner,
             stop: AtomicU8::new(stop::NONE),
+            queued: AtomicBool::new(false),
+            driver: AtomicU16::new(0),
+            slot: AtomicU32::new(0),
             handles: AtomicUsize::new(0),
             release_waker: AtomicWaker::new(),
             changed: Notify::new(),
@@ -141,6 +160,11 @@ impl Shared {
                 rare: None,
             }),
         }
+    }
+
+    /// What the lease shares with the others started the same way.
+    pub(crate) fn common(&self) -> &Common {
+        &self.common
     }
 
     /// The lease's config.
@@ -168,6 +192,7 @@ impl Shared {
             config,
             clock: LeaseClock::start(),
             identity: Identity::EMPTY,
+            drivers: None,
         });
         Arc::new(Shared::new("k".into(), Owner([0; 16]), common))
     }
@@ -451,6 +476,9 @@ impl Shared {
     /// The driver task is over (returned, panicked, or dropped with its runtime). If the
     /// term had not ended, it ends now: nothing renews the lease any more.
     pub(crate) fn finish(&self) {
+        // Nothing waits for a release any more. In a set, the waker is this lease
+        // itself, which would otherwise keep itself in memory for good.
+        drop(self.release_waker.take());
         let stopped = {
             let mut status = self.status();
             status.finished = true;

@@ -5,7 +5,8 @@
 //! `leasehold-driver`, as in `run_term`. Only the waiting differs: the core's next
 //! deadline goes into one queue of deadlines (a radix heap) for the whole driver
 //! instead of a runtime timer per lease, and the lease's futures are polled when they
-//! wake it ([`LeaseWake`]) rather than by a task of their own.
+//! wake it (the lease's shared record is their waker) rather than by a task of their
+//! own.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -19,7 +20,7 @@ use tokio::time::Sleep;
 
 use super::admission::Admission;
 use super::timers::Timers;
-use super::wake::{Inbox, LeaseWake, Registration};
+use super::wake::{Inbox, Registration};
 use crate::shared::Shared;
 use crate::task::publish;
 use crate::LeaseClock;
@@ -126,8 +127,8 @@ impl Slots {
 /// One lease of the driver.
 struct Entry {
     lease: Lease,
+    /// The lease's shared record, also the waker of its futures.
     shared: Arc<Shared>,
-    wake: Arc<LeaseWake>,
     /// The request in flight and the revocation watch.
     io: LeaseIo<BoxFuture<Response>, BoxFuture<()>>,
     /// The deadline last pushed to the timers for this lease; `Instant::MAX` (a
@@ -188,9 +189,9 @@ impl<S: LockService + 'static> Driver<S> {
         let mut lease = Lease::new(shared.config(), shared.owner);
         // A fresh lease is never mid-term, so this cannot fail.
         let _ = lease.acquire_until(shared.clock().now(), give_up_at, &shared.gate);
+        shared.placed(slot);
         let entry = Entry {
             lease,
-            wake: Arc::new(LeaseWake::new(slot, Arc::clone(&self.inbox))),
             shared,
             io: LeaseIo::new(),
             due: Instant::MAX,
@@ -206,7 +207,7 @@ impl<S: LockService + 'static> Driver<S> {
         let Some(entry) = self.slots.get_mut(slot) else {
             return; // ended already; a late wake-up
         };
-        entry.wake.looking();
+        entry.shared.looking();
         let stepped = step(
             entry,
             slot,
@@ -355,7 +356,7 @@ fn step<S: LockService + 'static>(
     timers: &mut Timers,
     admission: &mut Admission,
 ) -> Stepped {
-    let waker = Waker::from(Arc::clone(&entry.wake));
+    let waker = Waker::from(Arc::clone(&entry.shared));
     let mut cx = Context::from_waker(&waker);
     let Entry {
         lease,
@@ -450,9 +451,7 @@ mod tests {
     /// What a lease costs a set besides its shared state (the same as with a task of
     /// its own): its slot (the core, its request and watch, its deadline) and, for a
     /// service that can watch, the watch future; the request future lives only while
-    /// a request is in flight. The in-memory service's watch was 168 B while it
-    /// waited on a `Notify` shared by every watcher; it registers a waker with the key
-    /// now.
+    /// a request is in flight. No waker of its own: the shared state is the waker.
     #[tokio::test]
     async fn a_lease_in_a_set_stays_small() {
         let shared = Shared::sample();
@@ -465,7 +464,7 @@ mod tests {
             size_of::<Lease>(),
             size_of::<Shared>(),
         );
-        assert!(entry <= 224, "a slot is {entry} B");
+        assert!(entry <= 216, "a slot is {entry} B");
         assert!(watch <= 64, "the watch is {watch} B");
     }
 }

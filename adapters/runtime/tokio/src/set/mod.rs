@@ -18,7 +18,8 @@ use crate::acquire::{self, default_identity, AcquireError, AcquireOptions};
 use crate::shared::Common;
 use crate::{LeaseClock, LeaseHandle};
 use driver::Driver;
-use wake::{Inbox, Registration};
+pub(crate) use wake::Inbox;
+use wake::Registration;
 
 /// Many leases on one service with one config, driven by a few tasks (one per
 /// runtime worker by default), each with **one timer** for all of its leases.
@@ -77,11 +78,11 @@ pub struct LeaseSet<S> {
 
 struct Inner<S> {
     service: Arc<S>,
-    /// The config, the clock and the default identity, shared by every lease of the
-    /// set that names no identity of its own. One clock: every lease's instants, and
-    /// every driver's deadlines, count from the same origin.
+    /// The config, the clock, the default identity and the drivers' inboxes, shared
+    /// by every lease of the set that names no identity of its own. One clock: every
+    /// lease's instants, and every driver's deadlines, count from the same origin.
     common: Arc<Common>,
-    drivers: Box<[Arc<Inbox>]>,
+    drivers: Arc<[Arc<Inbox>]>,
     /// The driver the next lease goes to (round robin).
     next: AtomicUsize,
 }
@@ -119,11 +120,11 @@ impl<S: LockService + 'static> LeaseSet<S> {
         LeaseSet::with_drivers(service, config, workers)
     }
 
-    /// A set with `drivers` driver tasks (at least one); each lease is driven by one
-    /// of them, in turn. Must be called from within a tokio runtime.
+    /// A set with `drivers` driver tasks (at least one, at most 65,536); each lease is
+    /// driven by one of them, in turn. Must be called from within a tokio runtime.
     pub fn with_drivers(service: Arc<S>, config: Config, drivers: usize) -> LeaseSet<S> {
         let clock = LeaseClock::start();
-        let drivers: Box<[Arc<Inbox>]> = (0..drivers.max(1))
+        let drivers: Arc<[Arc<Inbox>]> = (0..drivers.clamp(1, usize::from(u16::MAX) + 1))
             .map(|_| {
                 let inbox = Arc::new(Inbox::default());
                 let driver = Driver::new(Arc::clone(&service), clock, Arc::clone(&inbox), &config);
@@ -138,6 +139,7 @@ impl<S: LockService + 'static> LeaseSet<S> {
                     config,
                     clock,
                     identity: default_identity(),
+                    drivers: Some(Arc::clone(&drivers)),
                 }),
                 drivers,
                 next: AtomicUsize::new(0),
@@ -189,11 +191,62 @@ impl<S: LockService + 'static> LeaseSet<S> {
                 |shared, give_up_at| {
                     let n = inner.next.fetch_add(1, Ordering::Relaxed) % inner.drivers.len();
                     if let Some(driver) = inner.drivers.get(n) {
+                        // Below 65,536 (`with_drivers`).
+                        shared.driver.store(n as u16, Ordering::Relaxed);
                         driver.register(Registration { shared, give_up_at });
                     }
                 },
             )
             .await
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::memory::MemoryService;
+    use crate::LeaseSet;
+
+    /// A lease of a set is the waker of its own futures, so a waker kept past the term
+    /// keeps the lease: the release signal keeps it inside the lease itself (the
+    /// driver lets it go when the term ends), and the in-memory service keeps it with
+    /// the grant, which a lease that stopped renewing leaves to expire (its watch lets
+    /// go of it when dropped).
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_is_freed_once_its_term_and_its_handles_are_gone() {
+        let service = Arc::new(MemoryService::new());
+        let config = crate::config(Duration::from_secs(3)).build().unwrap();
+        let set = LeaseSet::with_drivers(Arc::clone(&service), config, 1);
+        let lost = set.acquire("lost").await.unwrap();
+        let released = set.acquire("released").await.unwrap();
+        let expired = set.acquire("expired").await.unwrap();
+        let leases = [
+            Arc::downgrade(lost.shared()),
+            Arc::downgrade(released.shared()),
+            Arc::downgrade(expired.shared()),
+        ];
+        service.revoke("lost");
+        released.release().await;
+        service.partition(expired.owner());
+        for lease in [lost, released, expired] {
+            lease.settled().await;
+        }
+        let kept: Vec<usize> = leases.iter().map(|lease| lease.strong_count()).collect();
+        assert_eq!(
+            kept,
+            [0, 0, 0],
+            "references left to the lost, released, expired lease"
+        );
+
+        // Released by dropping its handle, the term's end still to come.
+        let dropped = set.acquire("dropped").await.unwrap();
+        let lease = Arc::downgrade(dropped.shared());
+        drop(dropped);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(service.grant("dropped").is_none(), "released");
+        assert!(lease.upgrade().is_none());
     }
 }

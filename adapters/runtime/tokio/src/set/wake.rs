@@ -1,12 +1,13 @@
 //! How the leases of one set driver reach it: new leases and wake-ups go into its
 //! [`Inbox`], and the driver task drains it.
 //!
-//! Each lease has one [`LeaseWake`], the waker of everything the driver polls for
-//! that lease (its request in flight, its revocation watch, its release signal). A
+//! Each lease's shared record is the waker of everything the driver polls for that
+//! lease (its request in flight, its revocation watch, its release signal). A
 //! wake-up queues the lease's slot once until the driver has looked at it, so a
 //! lease woken a thousand times between two passes costs one look.
 
 use std::collections::VecDeque;
+use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::Wake;
@@ -24,7 +25,7 @@ pub(super) struct Registration {
 
 /// What reaches one driver task from outside it.
 #[derive(Default)]
-pub(super) struct Inbox {
+pub(crate) struct Inbox {
     new: Mutex<NewLeases>,
     /// Slots of leases woken since the driver last looked.
     woken: Mutex<Vec<u32>>,
@@ -99,22 +100,30 @@ impl Inbox {
     }
 }
 
-/// The waker of one lease's futures: queues its slot in the inbox and wakes the
-/// driver.
-pub(super) struct LeaseWake {
-    slot: u32,
-    /// Queued and not yet looked at: further wake-ups add nothing.
-    queued: AtomicBool,
-    inbox: Arc<Inbox>,
+/// A lease of a set is the waker of its own futures (its request in flight, its
+/// revocation watch, its release signal): a wake-up queues its slot in its driver's
+/// inbox, once until the driver looks, and wakes the driver.
+impl Wake for Shared {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let driver = usize::from(self.driver.load(Ordering::Relaxed));
+        let Some(inbox) = self.common().drivers.as_ref().and_then(|d| d.get(driver)) else {
+            return; // not a set's lease: nothing polls its futures with this waker
+        };
+        if !self.queued.swap(true, Ordering::AcqRel) {
+            lock(&inbox.woken).push(self.slot.load(Ordering::Acquire));
+            inbox.driver.wake();
+        }
+    }
 }
 
-impl LeaseWake {
-    pub(super) fn new(slot: u32, inbox: Arc<Inbox>) -> LeaseWake {
-        LeaseWake {
-            slot,
-            queued: AtomicBool::new(false),
-            inbox,
-        }
+impl Shared {
+    /// The lease was given `slot` in its driver: wake-ups from now on name it.
+    pub(super) fn placed(&self, slot: u32) {
+        self.slot.store(slot, Ordering::Release);
     }
 
     /// The driver is about to look at the lease: wake-ups from now on queue it again.
@@ -123,16 +132,9 @@ impl LeaseWake {
     }
 }
 
-impl Wake for LeaseWake {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        if !self.queued.swap(true, Ordering::AcqRel) {
-            lock(&self.inbox.woken).push(self.slot);
-            self.inbox.driver.wake();
-        }
+impl fmt::Debug for Inbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Inbox").finish_non_exhaustive()
     }
 }
 
