@@ -11,10 +11,11 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use leasehold::{Action, Config, Fence, Instant, Lease, Response, State, Term};
+use leasehold::{Action, Config, Fence, Instant, Lease, Response, Term};
 use leasehold_driver::{Hooks, LeaseIo, LockService, Report, Stepped};
 use tokio::time::Sleep;
 
@@ -47,8 +48,9 @@ pub(super) struct Driver<S> {
     clock: LeaseClock,
     inbox: Arc<Inbox>,
     slots: Slots,
-    /// Leases whose acquire request is in flight (at most [`ACQUIRES_IN_FLIGHT`]).
-    acquiring: usize,
+    /// Acquire requests in flight (at most [`ACQUIRES_IN_FLIGHT`]), counted by
+    /// their futures ([`InFlight`]).
+    acquiring: Arc<AtomicUsize>,
     /// Whether new leases may start: not while the leases held are renewed late.
     admission: Admission,
     /// Every lease's next deadline, earliest first. An entry is stale (skipped when
@@ -135,14 +137,23 @@ struct Entry {
     /// deadline that never comes) when there is none, 8 B less per lease than an
     /// `Option`.
     due: Instant,
-    /// Counted in the driver's acquires in flight.
-    counted: bool,
 }
 
-impl Entry {
-    /// An acquire request is in flight: while acquiring, the only request is one.
-    fn acquiring(&self) -> bool {
-        self.io.in_flight() && matches!(self.lease.state(), State::Acquiring)
+/// One acquire request in flight, counted for as long as its future lives: answered,
+/// given up at its timeout, or dropped with its lease, it no longer counts. The lease
+/// keeps no count of its own.
+struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn new(count: &Arc<AtomicUsize>) -> InFlight {
+        count.fetch_add(1, Ordering::Relaxed);
+        InFlight(Arc::clone(count))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -166,7 +177,7 @@ impl<S: LockService + 'static> Driver<S> {
             clock,
             inbox,
             slots: Slots::default(),
-            acquiring: 0,
+            acquiring: Arc::default(),
             admission: Admission::new(config),
             timers: Timers::default(),
             sleep: Box::pin(tokio::time::sleep_until(clock.to_tokio(Instant::MAX))),
@@ -195,7 +206,6 @@ impl<S: LockService + 'static> Driver<S> {
             shared,
             io: LeaseIo::new(),
             due: Instant::MAX,
-            counted: false,
         };
         self.slots.put(slot, entry);
         self.step(slot);
@@ -214,19 +224,9 @@ impl<S: LockService + 'static> Driver<S> {
             &self.service,
             &mut self.timers,
             &mut self.admission,
+            &self.acquiring,
         );
-        let ended = matches!(stepped, Stepped::Ended(_));
-        // Counted in `acquiring` exactly while an acquire of this lease is in flight.
-        let acquiring = !ended && entry.acquiring();
-        if acquiring != entry.counted {
-            entry.counted = acquiring;
-            if acquiring {
-                self.acquiring += 1;
-            } else {
-                self.acquiring = self.acquiring.saturating_sub(1);
-            }
-        }
-        if ended {
+        if matches!(stepped, Stepped::Ended(_)) {
             if let Some(entry) = self.slots.take(slot) {
                 entry.shared.record_core_stats(entry.lease.stats());
             }
@@ -294,7 +294,7 @@ impl<S: LockService + 'static> Future for Driver<S> {
             this.inbox.take_new(&mut this.new);
             let now = this.clock.now();
             let most = this.admission.acquires_in_flight(now, ACQUIRES_IN_FLIGHT);
-            while budget > 0 && this.acquiring < most {
+            while budget > 0 && this.acquiring.load(Ordering::Relaxed) < most {
                 let Some(registration) = this.new.pop_front() else {
                     break;
                 };
@@ -355,6 +355,7 @@ fn step<S: LockService + 'static>(
     service: &Arc<S>,
     timers: &mut Timers,
     admission: &mut Admission,
+    acquiring: &Arc<AtomicUsize>,
 ) -> Stepped {
     let waker = Waker::from(Arc::clone(&entry.shared));
     let mut cx = Context::from_waker(&waker);
@@ -366,7 +367,7 @@ fn step<S: LockService + 'static>(
         ..
     } = entry;
     let mut hooks = Hooks {
-        send: |action| send(service, shared, action),
+        send: |action| send(service, shared, action, acquiring),
         watch: |term, fence| revoked(service, shared, term, fence),
         release: |cx: &mut Context<'_>| shared.poll_release(cx),
         report: |report| {
@@ -396,19 +397,25 @@ fn step<S: LockService + 'static>(
     stepped
 }
 
-/// The request for `action`, owning what it needs.
+/// The request for `action`, owning what it needs; an acquire counts in `acquiring`
+/// while it is in flight.
 fn send<S: LockService + 'static>(
     service: &Arc<S>,
     shared: &Arc<Shared>,
     action: Action,
+    acquiring: &Arc<AtomicUsize>,
 ) -> BoxFuture<Response> {
     let (service, shared) = (Arc::clone(service), Arc::clone(shared));
     match action {
-        Action::Acquire { term, ttl, .. } => Box::pin(async move {
-            let token = shared.owner.token(term);
-            let outcome = service.acquire(&shared.key, token, shared.identity(), ttl);
-            Response::Acquire(outcome.await)
-        }),
+        Action::Acquire { term, ttl, .. } => {
+            let in_flight = InFlight::new(acquiring);
+            Box::pin(async move {
+                let _in_flight = in_flight;
+                let token = shared.owner.token(term);
+                let outcome = service.acquire(&shared.key, token, shared.identity(), ttl);
+                Response::Acquire(outcome.await)
+            })
+        }
         Action::Renew {
             term, fence, ttl, ..
         } => Box::pin(async move {
@@ -464,7 +471,7 @@ mod tests {
             size_of::<Lease>(),
             size_of::<Shared>(),
         );
-        assert!(entry <= 216, "a slot is {entry} B");
+        assert!(entry <= 208, "a slot is {entry} B");
         assert!(watch <= 64, "the watch is {watch} B");
     }
 }
