@@ -356,6 +356,36 @@ impl Table {
 
 #[cfg(test)]
 mod tests {
+    /// Each name reaches its own record, past the first chunk of records too.
+    #[test]
+    fn every_key_keeps_its_own_record_across_chunks() {
+        use leasehold::{AcquireOutcome, Fence, Identity, Owner, Term};
+
+        let mut table = super::Table::default();
+        let now = super::Instant::now();
+        let ttl = std::time::Duration::from_secs(1);
+        let token = Owner([1; 16]).token(Term(1));
+        let keys = 3 * super::CHUNK + 5;
+        // Key `i` is granted `i % 5 + 1` times (5 and the chunk share no factor), so
+        // its fence tells it from the keys at the same place in other chunks.
+        for round in 0..5 {
+            for i in (0..keys).filter(|i| i % 5 >= round) {
+                let key = format!("k{i}");
+                table.acquire(&key, token, Identity::EMPTY, ttl, now);
+                table.release(&key, token, now);
+            }
+        }
+        for i in 0..keys {
+            let granted = table.acquire(&format!("k{i}"), token, Identity::EMPTY, ttl, now);
+            let fence = Fence(i as u64 % 5 + 2);
+            assert!(
+                matches!(granted, AcquireOutcome::Granted { fence: f, .. } if f == fence),
+                "k{i}: {granted:?}"
+            );
+        }
+        assert_eq!(table.len(), keys);
+    }
+
     /// A key the service knows costs its name and this record, in a hash table that
     /// is up to half empty: a million leases keep a million of them.
     #[test]
