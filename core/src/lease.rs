@@ -517,6 +517,7 @@ impl Lease {
     pub const fn latest_instant(&self) -> Instant {
         self.latest
     }
+
     /// When this lease may contend for its key again, if its last term held the key
     /// and ended by release: [`Config::release_backoff`] after the release was last
     /// sent (a release whose outcome was unknown is sent again, and the copy sent

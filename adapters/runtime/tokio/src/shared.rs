@@ -83,8 +83,8 @@ pub(crate) struct Shared {
     /// For a lease in a [`LeaseSet`](crate::LeaseSet), where its wake-ups go: its
     /// driver (an index into [`Common::drivers`]) and its slot there, and whether it is
     /// queued there already. The lease's record is its own waker (see `set::wake`):
-    /// these 7 bytes fit beside `stop`, where a waker of its own cost the lease an
-    /// allocation of 32.
+    /// these 7 bytes fit beside `stop`, and the lease needs no 32-byte waker
+    /// allocation of its own.
     pub(crate) queued: AtomicBool,
     pub(crate) driver: AtomicU16,
     pub(crate) slot: AtomicU32,
