@@ -40,33 +40,20 @@ pub(crate) struct ValuePrefix {
 
 impl ToRedisArgs for ValuePrefix {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        // Bytes, not `as_str`, which would check the 40 ASCII bytes for UTF-8 on
+        // every renewal.
         let token = self.token.encode();
-        let mut digits = [0; 20];
         match self.fence {
             Some(fence) => write_arg(
                 out,
                 &[
-                    token.as_str().as_bytes(),
+                    token.as_bytes(),
                     b"\n",
-                    decimal(fence.0, &mut digits),
+                    itoa::Buffer::new().format(fence.0).as_bytes(),
                     b"\n",
                 ],
             ),
-            None => write_arg(out, &[token.as_str().as_bytes(), b"\n"]),
-        }
-    }
-}
-
-/// `n` in decimal, no leading zeros (as the acquire script stores a fence), written
-/// into `buf` (20 digits: `u64::MAX`).
-fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut start = buf.len();
-    loop {
-        start -= 1;
-        buf[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buf[start..];
+            None => write_arg(out, &[token.as_bytes(), b"\n"]),
         }
     }
 }

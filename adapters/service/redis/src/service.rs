@@ -1,9 +1,11 @@
 //! The service: scripts by SHA and the typed calls.
 
 use std::borrow::Cow;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use futures_util::future::{Either, FutureExt};
 use leasehold::{Duration, Fence, Holder, Identity, OwnerToken};
 use leasehold_storage::{Fenced, FencedWrite};
 use redis::aio::{ConnectionLike, ConnectionManager};
@@ -804,34 +806,30 @@ where
     /// [`eval`](Self::eval), followed on the same connection by `WAIT min_replicas
     /// <time left>` when replicas must confirm: the script's answer and how many
     /// replicas have its writes (and everything before them on this connection).
-    async fn eval_replicated(
-        &self,
+    fn eval_replicated<'a>(
+        &'a self,
         op: Op,
-        script: &Script,
-        keys: impl ToRedisArgs,
-        args: impl ToRedisArgs,
-    ) -> Result<(Value, Option<i64>), RedisLockError> {
-        if self.min_replicas == 0 {
-            return self.eval(op, script, keys, args).await.map(|v| (v, None));
-        }
-        self.run_script(op, script, keys, args, Some(self.min_replicas))
-            .await
+        script: &'a Script,
+        keys: impl ToRedisArgs + 'a,
+        args: impl ToRedisArgs + 'a,
+    ) -> impl Future<Output = Result<(Value, Option<i64>), RedisLockError>> + 'a {
+        let replicas = (self.min_replicas > 0).then_some(self.min_replicas);
+        self.run_script(op, script, keys, args, replicas)
     }
 
     /// `EVALSHA`, reloading the script once on `NOSCRIPT`, bounded by the timeout.
     ///
     /// `keys` and `args` are written straight into the one command buffer (sized for
     /// the usual request up front): the renew path allocates no strings of its own.
-    async fn eval(
-        &self,
+    fn eval<'a>(
+        &'a self,
         op: Op,
-        script: &Script,
-        keys: impl ToRedisArgs,
-        args: impl ToRedisArgs,
-    ) -> Result<Value, RedisLockError> {
+        script: &'a Script,
+        keys: impl ToRedisArgs + 'a,
+        args: impl ToRedisArgs + 'a,
+    ) -> impl Future<Output = Result<Value, RedisLockError>> + 'a {
         self.run_script(op, script, keys, args, None)
-            .await
-            .map(|(value, _)| value)
+            .map(|answer| answer.map(|(value, _)| value))
     }
 
     /// `EVALSHA` (and `WAIT replicas …` after it in one pipeline, when asked),
@@ -839,29 +837,26 @@ where
     ///
     /// `keys` and `args` are written straight into the one command buffer (sized for
     /// the usual request up front): the renew path allocates no strings of its own.
-    async fn run_script(
-        &self,
+    fn run_script<'a>(
+        &'a self,
         op: Op,
-        script: &Script,
-        keys: impl ToRedisArgs,
-        args: impl ToRedisArgs,
+        script: &'a Script,
+        keys: impl ToRedisArgs + 'a,
+        args: impl ToRedisArgs + 'a,
         replicas: Option<u32>,
-    ) -> Result<(Value, Option<i64>), RedisLockError> {
-        let endpoint = self.shared.endpoint.as_str();
-        let started = tokio::time::Instant::now();
-        let call = async {
-            // The semaphore is never closed, so this waits for a permit and never fails.
-            let permit = self.in_flight.acquire().await.ok();
-            if let Some(after) = self.request_timeout {
-                if started.elapsed() >= after {
-                    // Out of time while waiting: never sent, nothing for Redis to do.
-                    return Err(RedisLockError::Timeout {
-                        op,
-                        endpoint: endpoint.to_owned(),
-                        after,
-                    });
-                }
-            }
+    ) -> impl Future<Output = Result<(Value, Option<i64>), RedisLockError>> + 'a {
+        // Only a `WAIT` needs the start (for the time left); a clock read costs a
+        // renewal more than the rest of its bookkeeping.
+        let started = replicas.map(|_| tokio::time::Instant::now());
+        self.bounded(op, async move {
+            let endpoint = self.shared.endpoint.as_str();
+            let permit = match self.in_flight.try_acquire() {
+                Ok(permit) => Some(permit),
+                // Every place is taken: wait for one, within the bound.
+                // Boxed, as the other rare paths below: a call's future is moved
+                // into place on every renewal, and these would triple its size.
+                Err(_) => Box::pin(self.wait_for_place(op)).await?,
+            };
             let mut cmd = redis::Cmd::with_capacity(8, 192);
             cmd.arg("EVALSHA")
                 .arg(script.sha.as_str())
@@ -873,19 +868,51 @@ where
             let place = Place::new(permit, &self.in_flight, &self.conn);
             let answer = match self.send(&mut conn, &cmd, replicas, started).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    self.shared.reloads.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(%op, sha = %script.sha, "Redis forgot the script (NOSCRIPT): reloading it");
-                    self.load(op, script).await?;
-                    self.send(&mut conn, &cmd, replicas, started)
+                    Box::pin(self.reload_and_send(op, script, &mut conn, &cmd, replicas, started))
                         .await
-                        .map_err(|e| RedisLockError::from_redis(op, endpoint, e))
                 }
                 other => other.map_err(|e| RedisLockError::from_redis(op, endpoint, e)),
             };
             place.answered();
             answer
-        };
-        self.bounded(op, call).await
+        })
+    }
+
+    /// Redis answered `NOSCRIPT`: loads `script` and sends `cmd` once more.
+    async fn reload_and_send(
+        &self,
+        op: Op,
+        script: &Script,
+        conn: &mut C,
+        cmd: &redis::Cmd,
+        replicas: Option<u32>,
+        started: Option<tokio::time::Instant>,
+    ) -> Result<(Value, Option<i64>), RedisLockError> {
+        self.shared.reloads.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(%op, sha = %script.sha, "Redis forgot the script (NOSCRIPT): reloading it");
+        self.load(op, script).await?;
+        self.send(conn, cmd, replicas, started)
+            .await
+            .map_err(|e| RedisLockError::from_redis(op, &self.shared.endpoint, e))
+    }
+
+    /// A place on the wire once one is free, or a timeout if the bound ran out while
+    /// waiting for it (then nothing was sent, and there is nothing for Redis to do).
+    async fn wait_for_place(
+        &self,
+        op: Op,
+    ) -> Result<Option<tokio::sync::SemaphorePermit<'_>>, RedisLockError> {
+        let started = tokio::time::Instant::now();
+        // The semaphore is never closed, so this waits for a permit and never fails.
+        let permit = self.in_flight.acquire().await.ok();
+        match self.request_timeout {
+            Some(after) if started.elapsed() >= after => Err(RedisLockError::Timeout {
+                op,
+                endpoint: self.shared.endpoint.clone(),
+                after,
+            }),
+            _ => Ok(permit),
+        }
     }
 
     /// `cmd` on `conn`, followed by `WAIT replicas <time left>` in one pipeline when
@@ -895,11 +922,22 @@ where
         conn: &mut C,
         cmd: &redis::Cmd,
         replicas: Option<u32>,
+        started: Option<tokio::time::Instant>,
+    ) -> redis::RedisResult<(Value, Option<i64>)> {
+        match (replicas, started) {
+            (Some(n), Some(started)) => Box::pin(self.send_and_wait(conn, cmd, n, started)).await,
+            _ => cmd.query_async::<Value>(conn).await.map(|v| (v, None)),
+        }
+    }
+
+    /// `cmd` and `WAIT n <time left>` after it, in one pipeline on `conn`.
+    async fn send_and_wait(
+        &self,
+        conn: &mut C,
+        cmd: &redis::Cmd,
+        n: u32,
         started: tokio::time::Instant,
     ) -> redis::RedisResult<(Value, Option<i64>)> {
-        let Some(n) = replicas else {
-            return cmd.query_async::<Value>(conn).await.map(|v| (v, None));
-        };
         // Half of what is left of the request timeout: Redis notices a WAIT's timeout
         // on its next event-loop pass, up to 1/hz later (100 ms by default), and the
         // shortfall must still arrive in time. At least 1 ms (WAIT 0 waits forever).
@@ -920,21 +958,26 @@ where
     }
 
     /// `call`, bounded by the request timeout.
-    pub(crate) async fn bounded<T>(
-        &self,
+    ///
+    /// A plain function, not an `async fn`: an `async fn` would keep `call` as an
+    /// argument beside the copy inside the timeout, doubling the size of every
+    /// request's future, which is moved into place on every renewal.
+    pub(crate) fn bounded<'a, T: 'a>(
+        &'a self,
         op: Op,
-        call: impl std::future::Future<Output = Result<T, RedisLockError>>,
-    ) -> Result<T, RedisLockError> {
-        let endpoint = self.shared.endpoint.as_str();
+        call: impl Future<Output = Result<T, RedisLockError>> + 'a,
+    ) -> impl Future<Output = Result<T, RedisLockError>> + 'a {
         match self.request_timeout {
-            Some(after) => tokio::time::timeout(after, call).await.unwrap_or_else(|_| {
-                Err(RedisLockError::Timeout {
-                    op,
-                    endpoint: endpoint.to_owned(),
-                    after,
+            Some(after) => Either::Left(tokio::time::timeout(after, call).map(move |answer| {
+                answer.unwrap_or_else(|_| {
+                    Err(RedisLockError::Timeout {
+                        op,
+                        endpoint: self.shared.endpoint.clone(),
+                        after,
+                    })
                 })
-            }),
-            None => call.await,
+            })),
+            None => Either::Right(call),
         }
     }
 }
@@ -978,5 +1021,23 @@ mod tests {
             bound(std::time::Duration::ZERO),
             Some(std::time::Duration::ZERO)
         );
+    }
+
+    /// A renewal's future is moved into place on every renewal, and its copies are a
+    /// visible part of the client's CPU per renewal (`benches/renew.rs`): keep it from
+    /// growing unnoticed. An `async fn` on the request path that takes the call as an
+    /// argument (as the request bound once did) keeps two copies of it: 1,160 B.
+    #[tokio::test]
+    async fn a_renewal_s_future_stays_small() {
+        let service = crate::RedisLockService::builder("redis://127.0.0.1:1")
+            .connect_lazily()
+            .await
+            .unwrap();
+        let token = leasehold::Owner([0; 16]).token(leasehold::Term(1));
+        let ttl = Duration::from_millis(100);
+        let renew = leasehold_driver::LockService::renew(&service, "k", token, Fence(1), ttl);
+        let size = size_of_val(&renew);
+        println!("renewal future: {size} B");
+        assert!(size <= 768, "a renewal's future is {size} B");
     }
 }
