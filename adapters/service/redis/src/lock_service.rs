@@ -5,6 +5,9 @@ use leasehold::{
     AcquireOutcome, Duration, Fence, Holder, HolderOutcome, Identity, Indeterminate, OwnerToken,
     Refusal, ReleaseOutcome, RenewOutcome,
 };
+use std::future::Future;
+
+use futures_util::FutureExt;
 use leasehold_driver::{LockService, Severity};
 use redis::aio::ConnectionLike;
 
@@ -68,21 +71,24 @@ where
         }
     }
 
-    async fn renew(
-        &self,
-        key: &str,
+    /// A plain function, not an `async fn`: the renewal's future is the request's
+    /// alone, without a second layer around it (a renewal runs every T/3).
+    fn renew<'s, 'k>(
+        &'s self,
+        key: &'k str,
         token: OwnerToken,
         fence: Fence,
         ttl: Duration,
-    ) -> RenewOutcome {
-        match self.try_renew(key, token, fence, ttl).await {
-            Ok(Renewed::Renewed { ttl }) => RenewOutcome::Renewed { ttl },
-            Ok(Renewed::NotOwner) => {
-                tracing::info!(key, %token, %fence, "renew: not the owner any more");
-                RenewOutcome::NotOwner
-            }
-            Err(e) => failure(key, &e, RenewOutcome::Refused, RenewOutcome::Indeterminate),
-        }
+    ) -> impl Future<Output = RenewOutcome> + Send + use<'s, 'k, C> {
+        self.renewal(key, token, fence, ttl)
+            .map(move |answer| match answer {
+                Ok(Renewed::Renewed { ttl }) => RenewOutcome::Renewed { ttl },
+                Ok(Renewed::NotOwner) => {
+                    tracing::info!(key, %token, %fence, "renew: not the owner any more");
+                    RenewOutcome::NotOwner
+                }
+                Err(e) => failure(key, &e, RenewOutcome::Refused, RenewOutcome::Indeterminate),
+            })
     }
 
     async fn release(&self, key: &str, token: OwnerToken) -> ReleaseOutcome {

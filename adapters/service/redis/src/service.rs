@@ -613,26 +613,45 @@ where
         ttl: impl Into<Duration>,
     ) -> Result<Renewed, RedisLockError> {
         // std's `Duration` or the core's.
-        let ttl: Duration = ttl.into();
+        self.renewal(name, token, fence, ttl.into()).await
+    }
+
+    /// [`try_renew`](Self::try_renew)'s future, which the lease's driver awaits
+    /// directly: the name and TTL are checked when it is called. A plain function,
+    /// not an `async fn`, so that the future is the request's alone (see `bounded`).
+    pub(crate) fn renewal<'s, 'n>(
+        &'s self,
+        name: &'n str,
+        token: OwnerToken,
+        fence: Fence,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Renewed, RedisLockError>> + use<'s, 'n, C> {
         let op = Op::Renew;
-        let name = checked(op, name)?;
-        self.within_max_ttl(op, ttl)?;
+        let checked = checked(op, name).and_then(|name| {
+            self.within_max_ttl(op, ttl)?;
+            Ok(name)
+        });
+        let name = match checked {
+            Ok(name) => name,
+            Err(e) => return Either::Left(std::future::ready(Err(e))),
+        };
         let (ms, applied) = leasehold_resp::scripts::ttl_ms(ttl);
         let prefix = ValuePrefix {
             token,
             fence: Some(fence),
         };
-        let (value, replicas) = self
-            .eval_replicated(op, &self.shared.renew, LockKey(name), (prefix, ms))
-            .await?;
-        Ok(
-            if scripts::parse_flag(op, &value).map_err(|e| self.protocol(e))? {
-                self.replicated(op, replicas)?;
-                Renewed::Renewed { ttl: applied }
-            } else {
-                Renewed::NotOwner
-            },
-        )
+        let request = self.eval_replicated(op, &self.shared.renew, LockKey(name), (prefix, ms));
+        Either::Right(request.map(move |answer| {
+            let (value, replicas) = answer?;
+            Ok(
+                if scripts::parse_flag(op, &value).map_err(|e| self.protocol(e))? {
+                    self.replicated(op, replicas)?;
+                    Renewed::Renewed { ttl: applied }
+                } else {
+                    Renewed::NotOwner
+                },
+            )
+        }))
     }
 
     /// Deletes lock `name` if `token` still holds it, whatever the fence
@@ -806,13 +825,13 @@ where
     /// [`eval`](Self::eval), followed on the same connection by `WAIT min_replicas
     /// <time left>` when replicas must confirm: the script's answer and how many
     /// replicas have its writes (and everything before them on this connection).
-    fn eval_replicated<'a>(
-        &'a self,
+    fn eval_replicated<'s, K: ToRedisArgs, A: ToRedisArgs>(
+        &'s self,
         op: Op,
-        script: &'a Script,
-        keys: impl ToRedisArgs + 'a,
-        args: impl ToRedisArgs + 'a,
-    ) -> impl Future<Output = Result<(Value, Option<i64>), RedisLockError>> + 'a {
+        script: &'s Script,
+        keys: K,
+        args: A,
+    ) -> impl Future<Output = Result<(Value, Option<i64>), RedisLockError>> + use<'s, K, A, C> {
         let replicas = (self.min_replicas > 0).then_some(self.min_replicas);
         self.run_script(op, script, keys, args, replicas)
     }
@@ -821,13 +840,13 @@ where
     ///
     /// `keys` and `args` are written straight into the one command buffer (sized for
     /// the usual request up front): the renew path allocates no strings of its own.
-    fn eval<'a>(
-        &'a self,
+    fn eval<'s, K: ToRedisArgs, A: ToRedisArgs>(
+        &'s self,
         op: Op,
-        script: &'a Script,
-        keys: impl ToRedisArgs + 'a,
-        args: impl ToRedisArgs + 'a,
-    ) -> impl Future<Output = Result<Value, RedisLockError>> + 'a {
+        script: &'s Script,
+        keys: K,
+        args: A,
+    ) -> impl Future<Output = Result<Value, RedisLockError>> + use<'s, K, A, C> {
         self.run_script(op, script, keys, args, None)
             .map(|answer| answer.map(|(value, _)| value))
     }
@@ -837,19 +856,26 @@ where
     ///
     /// `keys` and `args` are written straight into the one command buffer (sized for
     /// the usual request up front): the renew path allocates no strings of its own.
-    fn run_script<'a>(
-        &'a self,
+    fn run_script<'s, K: ToRedisArgs, A: ToRedisArgs>(
+        &'s self,
         op: Op,
-        script: &'a Script,
-        keys: impl ToRedisArgs + 'a,
-        args: impl ToRedisArgs + 'a,
+        script: &'s Script,
+        keys: K,
+        args: A,
         replicas: Option<u32>,
-    ) -> impl Future<Output = Result<(Value, Option<i64>), RedisLockError>> + 'a {
+    ) -> impl Future<Output = Result<(Value, Option<i64>), RedisLockError>> + use<'s, K, A, C> {
         // Only a `WAIT` needs the start (for the time left); a clock read costs a
         // renewal more than the rest of its bookkeeping.
         let started = replicas.map(|_| tokio::time::Instant::now());
+        // Written before the future: it then holds the command, not the arguments
+        // beside it.
+        let mut cmd = redis::Cmd::with_capacity(8, 192);
+        cmd.arg("EVALSHA")
+            .arg(script.sha.as_str())
+            .arg(keys.num_of_args())
+            .arg(keys)
+            .arg(args);
         self.bounded(op, async move {
-            let endpoint = self.shared.endpoint.as_str();
             let permit = match self.in_flight.try_acquire() {
                 Ok(permit) => Some(permit),
                 // Every place is taken: wait for one, within the bound.
@@ -857,12 +883,6 @@ where
                 // into place on every renewal, and these would triple its size.
                 Err(_) => Box::pin(self.wait_for_place(op)).await?,
             };
-            let mut cmd = redis::Cmd::with_capacity(8, 192);
-            cmd.arg("EVALSHA")
-                .arg(script.sha.as_str())
-                .arg(keys.num_of_args())
-                .arg(keys)
-                .arg(args);
             let mut conn = self.conn.clone();
             // Taken until Redis answers, even if this call is given up (`place.rs`).
             let place = Place::new(permit, &self.in_flight, &self.conn);
@@ -871,7 +891,9 @@ where
                     Box::pin(self.reload_and_send(op, script, &mut conn, &cmd, replicas, started))
                         .await
                 }
-                other => other.map_err(|e| RedisLockError::from_redis(op, endpoint, e)),
+                other => {
+                    other.map_err(|e| RedisLockError::from_redis(op, &self.shared.endpoint, e))
+                }
             };
             place.answered();
             answer
@@ -917,16 +939,21 @@ where
 
     /// `cmd` on `conn`, followed by `WAIT replicas <time left>` in one pipeline when
     /// asked: the answer, and the replicas that confirmed.
-    async fn send(
-        &self,
-        conn: &mut C,
-        cmd: &redis::Cmd,
+    fn send<'a>(
+        &'a self,
+        conn: &'a mut C,
+        cmd: &'a redis::Cmd,
         replicas: Option<u32>,
         started: Option<tokio::time::Instant>,
-    ) -> redis::RedisResult<(Value, Option<i64>)> {
+    ) -> impl Future<Output = redis::RedisResult<(Value, Option<i64>)>> + 'a {
         match (replicas, started) {
-            (Some(n), Some(started)) => Box::pin(self.send_and_wait(conn, cmd, n, started)).await,
-            _ => cmd.query_async::<Value>(conn).await.map(|v| (v, None)),
+            (Some(n), Some(started)) => {
+                Either::Left(Box::pin(self.send_and_wait(conn, cmd, n, started)))
+            }
+            _ => Either::Right(
+                cmd.query_async::<Value>(conn)
+                    .map(|answer| answer.map(|value| (value, None))),
+            ),
         }
     }
 
@@ -962,11 +989,14 @@ where
     /// A plain function, not an `async fn`: an `async fn` would keep `call` as an
     /// argument beside the copy inside the timeout, doubling the size of every
     /// request's future, which is moved into place on every renewal.
-    pub(crate) fn bounded<'a, T: 'a>(
-        &'a self,
+    pub(crate) fn bounded<'s, T, F>(
+        &'s self,
         op: Op,
-        call: impl Future<Output = Result<T, RedisLockError>> + 'a,
-    ) -> impl Future<Output = Result<T, RedisLockError>> + 'a {
+        call: F,
+    ) -> impl Future<Output = Result<T, RedisLockError>> + use<'s, T, F, C>
+    where
+        F: Future<Output = Result<T, RedisLockError>>,
+    {
         match self.request_timeout {
             Some(after) => Either::Left(tokio::time::timeout(after, call).map(move |answer| {
                 answer.unwrap_or_else(|_| {
@@ -1038,6 +1068,6 @@ mod tests {
         let renew = leasehold_driver::LockService::renew(&service, "k", token, Fence(1), ttl);
         let size = size_of_val(&renew);
         println!("renewal future: {size} B");
-        assert!(size <= 768, "a renewal's future is {size} B");
+        assert!(size <= 512, "a renewal's future is {size} B");
     }
 }
