@@ -1,13 +1,13 @@
 //! The driver's view: the `LockService` impl, final refusals and unknown outcomes,
 //! each logged with `tracing`.
 
+use std::future::Future;
+
+use futures_util::FutureExt;
 use leasehold::{
     AcquireOutcome, Duration, Fence, Holder, HolderOutcome, Identity, Indeterminate, OwnerToken,
     Refusal, ReleaseOutcome, RenewOutcome,
 };
-use std::future::Future;
-
-use futures_util::FutureExt;
 use leasehold_driver::{LockService, Severity};
 use redis::aio::ConnectionLike;
 

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use futures_util::future::{Either, FutureExt};
+use futures_util::future::{self, Either, FutureExt};
 use leasehold::{Duration, Fence, Holder, Identity, OwnerToken};
 use leasehold_storage::{Fenced, FencedWrite};
 use redis::aio::{ConnectionLike, ConnectionManager};
@@ -864,9 +864,6 @@ where
         args: A,
         replicas: Option<u32>,
     ) -> impl Future<Output = Result<(Value, Option<i64>), RedisLockError>> + use<'s, K, A, C> {
-        // Only a `WAIT` needs the start (for the time left); a clock read costs a
-        // renewal more than the rest of its bookkeeping.
-        let started = replicas.map(|_| tokio::time::Instant::now());
         // Written before the future: it then holds the command, not the arguments
         // beside it.
         let mut cmd = redis::Cmd::with_capacity(8, 192);
@@ -876,6 +873,9 @@ where
             .arg(keys)
             .arg(args);
         self.bounded(op, async move {
+            // Only a `WAIT` needs the start (for the time left); a clock read costs a
+            // renewal more than the rest of its bookkeeping.
+            let started = replicas.map(|_| tokio::time::Instant::now());
             let permit = match self.in_flight.try_acquire() {
                 Ok(permit) => Some(permit),
                 // Every place is taken: wait for one, within the bound.
@@ -988,7 +988,9 @@ where
     ///
     /// A plain function, not an `async fn`: an `async fn` would keep `call` as an
     /// argument beside the copy inside the timeout, doubling the size of every
-    /// request's future, which is moved into place on every renewal.
+    /// request's future, which is moved into place on every renewal. The timeout is
+    /// made when the future is first polled, inside the runtime, so a future made
+    /// outside one can still be run by it.
     pub(crate) fn bounded<'s, T, F>(
         &'s self,
         op: Op,
@@ -998,15 +1000,19 @@ where
         F: Future<Output = Result<T, RedisLockError>>,
     {
         match self.request_timeout {
-            Some(after) => Either::Left(tokio::time::timeout(after, call).map(move |answer| {
-                answer.unwrap_or_else(|_| {
-                    Err(RedisLockError::Timeout {
-                        op,
-                        endpoint: self.shared.endpoint.clone(),
-                        after,
-                    })
-                })
-            })),
+            Some(after) => Either::Left(
+                future::lazy(move |_| tokio::time::timeout(after, call))
+                    .flatten()
+                    .map(move |answer| {
+                        answer.unwrap_or_else(|_| {
+                            Err(RedisLockError::Timeout {
+                                op,
+                                endpoint: self.shared.endpoint.clone(),
+                                after,
+                            })
+                        })
+                    }),
+            ),
             None => Either::Right(call),
         }
     }
@@ -1069,5 +1075,32 @@ mod tests {
         let size = size_of_val(&renew);
         println!("renewal future: {size} B");
         assert!(size <= 512, "a renewal's future is {size} B");
+    }
+
+    /// A renewal's future may be made outside the runtime that runs it
+    /// (`runtime.block_on(service.renew(…))`): its request timeout starts when it is
+    /// first polled, inside the runtime, not when it is made. Redis is down here, so
+    /// the answer is an unknown outcome, within the 300 ms bound.
+    #[test]
+    fn a_renewal_made_outside_the_runtime_runs_inside_it() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let service = runtime
+            .block_on(
+                crate::RedisLockService::builder("redis://127.0.0.1:1")
+                    .request_timeout(std::time::Duration::from_millis(300))
+                    .connect_lazily(),
+            )
+            .unwrap();
+        let token = leasehold::Owner([0; 16]).token(leasehold::Term(1));
+        let ttl = Duration::from_millis(100);
+        let renew = leasehold_driver::LockService::renew(&service, "k", token, Fence(1), ttl);
+        let answer = runtime.block_on(renew);
+        assert!(
+            matches!(answer, leasehold::RenewOutcome::Indeterminate(_)),
+            "{answer:?}"
+        );
     }
 }
