@@ -6,6 +6,7 @@
 //! # Features
 #![doc = document_features::document_features!()]
 
+mod bounded;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod connect;

@@ -5,12 +5,13 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use futures_util::future::{self, Either, FutureExt};
+use futures_util::future::{Either, FutureExt};
 use leasehold::{Duration, Fence, Holder, Identity, OwnerToken};
 use leasehold_storage::{Fenced, FencedWrite};
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{ErrorKind, ServerErrorKind, ToRedisArgs, Value};
 
+use crate::bounded::Bounded;
 use crate::error::{Op, ProtocolError, RedisLockError};
 use crate::fair;
 use crate::keys::{queue_keys, EpochScope, FenceKey, FencedKeys, LockKey};
@@ -984,13 +985,11 @@ where
         Ok((value, Some(confirmed)))
     }
 
-    /// `call`, bounded by the request timeout.
+    /// `call`, bounded by the request timeout (counted from its first poll).
     ///
     /// A plain function, not an `async fn`: an `async fn` would keep `call` as an
     /// argument beside the copy inside the timeout, doubling the size of every
-    /// request's future, which is moved into place on every renewal. The timeout is
-    /// made when the future is first polled, inside the runtime, so a future made
-    /// outside one can still be run by it.
+    /// request's future, which is moved into place on every renewal.
     pub(crate) fn bounded<'s, T, F>(
         &'s self,
         op: Op,
@@ -1000,19 +999,7 @@ where
         F: Future<Output = Result<T, RedisLockError>>,
     {
         match self.request_timeout {
-            Some(after) => Either::Left(
-                future::lazy(move |_| tokio::time::timeout(after, call))
-                    .flatten()
-                    .map(move |answer| {
-                        answer.unwrap_or_else(|_| {
-                            Err(RedisLockError::Timeout {
-                                op,
-                                endpoint: self.shared.endpoint.clone(),
-                                after,
-                            })
-                        })
-                    }),
-            ),
+            Some(after) => Either::Left(Bounded::new(call, after, op, &self.shared.endpoint)),
             None => Either::Right(call),
         }
     }
