@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use futures_util::task::AtomicWaker;
 
 use leasehold::{
-    AcquireFailure, Config, Event, Fence, GateError, Holder, Identity, LossReason, Owner,
+    AcquireFailure, Config, Event, Fence, GateError, Holder, Identity, Instant, LossReason, Owner,
     OwnerToken, Stats, Term, WriteGate,
 };
 use leasehold_driver::Report;
@@ -99,23 +99,43 @@ pub(crate) struct Shared {
 }
 
 /// Bookkeeping about the lease, for observers. Never consulted by `check()`.
+///
+/// The state is kept as its [`Phase`] beside the one fence and deadline it can carry
+/// (a held state's fence is always the grant's), 56 bytes where the state and the
+/// grant side by side took 80.
 struct Status {
-    state: LeaseState,
-    /// How the term ended, set once: the first of loss, release request, driver gone.
-    end: Option<LeaseEnd>,
-    /// The driver task returned (or was dropped).
-    finished: bool,
-    /// The fence and term of the grant, once granted.
-    granted: Option<(Fence, Term)>,
-    /// The acquire ended without a grant, and why.
-    not_acquired: Option<AcquireFailure>,
-    /// The lease is counted in the "leases held" gauge (granted, not yet ended).
-    counted_held: bool,
+    /// The deadline of a held state.
+    deadline: Instant,
+    /// The grant's fence, once granted; also the fence of a held state.
+    fence: Fence,
     /// Retries counted from the events, and the core's counters at the term's end.
     stats: LeaseStats,
     /// Created on first use: most leases are never observed and never wait for a
     /// holder, and inline these would cost every lease 112 bytes.
     rare: Option<Box<Rare>>,
+    /// The grant's term, once granted.
+    term: Option<Term>,
+    phase: Phase,
+    /// How the term ended, set once: the first of loss, release request, driver gone.
+    end: Option<LeaseEnd>,
+    /// The driver task returned (or was dropped).
+    finished: bool,
+    /// The acquire ended without a grant, and why.
+    not_acquired: Option<AcquireFailure>,
+    /// The lease is counted in the "leases held" gauge (granted, not yet ended).
+    counted_held: bool,
+}
+
+/// A [`LeaseState`] without its fence and deadline (see [`Status`]).
+#[derive(Clone, Copy)]
+enum Phase {
+    Acquiring,
+    Holding,
+    RenewPending { writes_paused: bool },
+    Releasing,
+    Lost(LossReason),
+    Released,
+    DriverStopped,
 }
 
 /// What only some leases need: a contender waiting for a held key, or a lease someone
@@ -132,6 +152,28 @@ struct Rare {
 impl Status {
     fn rare(&mut self) -> &mut Rare {
         self.rare.get_or_insert_with(Box::default)
+    }
+
+    fn state(&self) -> LeaseState {
+        let (fence, deadline) = (self.fence, self.deadline);
+        match self.phase {
+            Phase::Acquiring => LeaseState::Acquiring,
+            Phase::Holding => LeaseState::Holding { fence, deadline },
+            Phase::RenewPending { writes_paused } => LeaseState::RenewPending {
+                fence,
+                deadline,
+                writes_paused,
+            },
+            Phase::Releasing => LeaseState::Releasing,
+            Phase::Lost(reason) => LeaseState::Lost(reason),
+            Phase::Released => LeaseState::Released,
+            Phase::DriverStopped => LeaseState::DriverStopped,
+        }
+    }
+
+    /// The grant's fence and term, once granted.
+    fn granted(&self) -> Option<(Fence, Term)> {
+        self.term.map(|term| (self.fence, term))
     }
 }
 
@@ -150,14 +192,16 @@ impl Shared {
             release_waker: AtomicWaker::new(),
             changed: Notify::new(),
             status: Mutex::new(Status {
-                state: LeaseState::Acquiring,
-                end: None,
-                finished: false,
-                granted: None,
-                not_acquired: None,
-                counted_held: false,
+                deadline: Instant::ZERO,
+                fence: Fence(0),
                 stats: LeaseStats::default(),
                 rare: None,
+                term: None,
+                phase: Phase::Acquiring,
+                end: None,
+                finished: false,
+                not_acquired: None,
+                counted_held: false,
             }),
         }
     }
@@ -213,7 +257,7 @@ impl Shared {
     }
 
     pub(crate) fn state(&self) -> LeaseState {
-        self.status().state
+        self.status().state()
     }
 
     /// A `check()` was refused for a loss the driver may not have reported yet: the
@@ -234,7 +278,7 @@ impl Shared {
     }
 
     pub(crate) fn granted(&self) -> Option<(Fence, Term)> {
-        self.status().granted
+        self.status().granted()
     }
 
     /// What an acquire waits for, read under one lock: whether it was granted, how it
@@ -246,10 +290,10 @@ impl Shared {
     ) -> (bool, Option<AcquireFailure>, Option<Holder>, LeaseState) {
         let status = self.status();
         (
-            status.granted.is_some(),
+            status.term.is_some(),
             status.not_acquired,
             status.rare.as_ref().and_then(|rare| rare.last_holder),
-            status.state,
+            status.state(),
         )
     }
 
@@ -289,7 +333,7 @@ impl Shared {
 
     pub(crate) fn subscribe(&self) -> watch::Receiver<LeaseState> {
         let mut status = self.status();
-        let state = status.state;
+        let state = status.state();
         let rare = status.rare();
         match &rare.watch {
             Some(sender) => sender.subscribe(),
@@ -425,7 +469,7 @@ impl Shared {
                     deadline,
                     ..
                 } => {
-                    status.granted = Some((fence, term));
+                    (status.fence, status.term) = (fence, Some(term));
                     if status.end.is_none() && !status.counted_held {
                         status.counted_held = true;
                         metrics::held(1.0);
@@ -441,13 +485,13 @@ impl Shared {
                     None
                 }
                 Event::Renewed { deadline, .. } => status
-                    .granted
+                    .granted()
                     .map(|(fence, _)| LeaseState::Holding { fence, deadline }),
                 Event::RenewFailed {
                     deadline,
                     writes_paused,
                     ..
-                } => status.granted.map(|(fence, _)| LeaseState::RenewPending {
+                } => status.granted().map(|(fence, _)| LeaseState::RenewPending {
                     fence,
                     deadline,
                     writes_paused,
@@ -531,7 +575,25 @@ fn set_state(status: &mut Status, state: LeaseState) {
     if status.end.is_some() && state.end().is_none() {
         return;
     }
-    status.state = state;
+    status.phase = match state {
+        LeaseState::Acquiring => Phase::Acquiring,
+        LeaseState::Holding { fence, deadline } => {
+            (status.fence, status.deadline) = (fence, deadline);
+            Phase::Holding
+        }
+        LeaseState::RenewPending {
+            fence,
+            deadline,
+            writes_paused,
+        } => {
+            (status.fence, status.deadline) = (fence, deadline);
+            Phase::RenewPending { writes_paused }
+        }
+        LeaseState::Releasing => Phase::Releasing,
+        LeaseState::Lost(reason) => Phase::Lost(reason),
+        LeaseState::Released => Phase::Released,
+        LeaseState::DriverStopped => Phase::DriverStopped,
+    };
     if let Some(watch) = status.rare.as_ref().and_then(|rare| rare.watch.as_ref()) {
         watch.send_replace(state);
     }

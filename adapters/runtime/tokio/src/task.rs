@@ -128,6 +128,6 @@ mod tests {
         println!("driver task future: {task} B, shared state: {shared} B");
         let limit = if cfg!(feature = "tracing") { 936 } else { 904 };
         assert!(task <= limit, "driver task future is {task} B");
-        assert!(shared <= 224, "shared state is {shared} B");
+        assert!(shared <= 200, "shared state is {shared} B");
     }
 }

@@ -785,6 +785,59 @@ async fn a_fail_closed_pause_past_its_deadline_is_refused_as_expired() {
     );
 }
 
+/// What `state()` says through a term: holding, with the grant's fence and a deadline
+/// ahead; while a renewal's outcome is unknown, renew-pending with that deadline
+/// unchanged and writes paused exactly when the lease fails closed; holding again,
+/// with a later deadline, once the retry is confirmed; released at the end.
+#[tokio::test(start_paused = true)]
+async fn the_state_follows_the_term_with_the_grant_s_fence_and_deadline() {
+    for fail_closed in [false, true] {
+        let timeline = Timeline::start();
+        let service = Recording::new();
+        let config = Config::builder(Duration::from_millis(900))
+            .fail_closed(fail_closed)
+            .build()
+            .unwrap();
+        let lease = acquire(service.clone(), KEY, config).await.unwrap();
+        let fence = lease.granted_fence();
+        let LeaseState::Holding {
+            fence: held,
+            deadline: first,
+        } = lease.state()
+        else {
+            panic!("holding after the grant: {:?}", lease.state());
+        };
+        assert_eq!(held, fence);
+        assert!(first > lease.clock().now(), "{first:?}");
+
+        // The renewal sent at 300 ms gets no answer: it times out at 390 ms and is
+        // retried at 435 ms, which is confirmed.
+        service.drop_requests(lease.owner(), 1);
+        timeline.until(400).await;
+        assert_eq!(
+            lease.state(),
+            LeaseState::RenewPending {
+                fence,
+                deadline: first,
+                writes_paused: fail_closed,
+            }
+        );
+        timeline.until(500).await;
+        let LeaseState::Holding {
+            fence: held,
+            deadline: renewed,
+        } = lease.state()
+        else {
+            panic!("holding after the retry: {:?}", lease.state());
+        };
+        assert_eq!(held, fence);
+        assert!(renewed > first, "{renewed:?} after {first:?}");
+
+        assert_eq!(lease.release().await, LeaseEnd::Released);
+        assert_eq!(lease.state(), LeaseState::Released);
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn stats_count_retries_as_they_happen_and_the_core_counters_stay_zero() {
     let timeline = Timeline::start();
