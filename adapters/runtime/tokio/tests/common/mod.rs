@@ -40,6 +40,15 @@ pub fn config(ttl_ms: u64) -> Config {
         .unwrap()
 }
 
+/// [`config`], failing closed or not: whether writes pause while a renewal's outcome
+/// is unknown.
+pub fn config_fail_closed(ttl_ms: u64, fail_closed: bool) -> Config {
+    Config::builder(Duration::from_millis(ttl_ms))
+        .fail_closed(fail_closed)
+        .build()
+        .unwrap()
+}
+
 /// A timeline: milliseconds since the test started.
 #[derive(Clone, Copy, Debug)]
 pub struct Timeline {

@@ -4,9 +4,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::common::{config, ms, poll_once, within, Kind, Recording, Timeline};
+use crate::common::{config, config_fail_closed, ms, poll_once, within, Kind, Recording, Timeline};
 use crate::shape::{acquire, acquire_with, try_acquire};
-use leasehold::{Config, Duration, Event, Fence, FenceGate, GateError, LossReason, Owner, Stats};
+use leasehold::{Config, Event, Fence, FenceGate, GateError, LossReason, Owner, Stats};
 use leasehold_tokio::memory::Scope;
 use leasehold_tokio::{
     AcquireError, AcquireOptions, CheckError, LeaseEnd, LeaseHandle, LeaseState, LeaseStats,
@@ -754,10 +754,7 @@ async fn a_revoked_lease_names_its_reason_at_the_first_refusal() {
 async fn a_fail_closed_pause_past_its_deadline_is_refused_as_expired() {
     let timeline = Timeline::start();
     let service = Recording::new();
-    let config = Config::builder(Duration::from_millis(900))
-        .fail_closed(true)
-        .build()
-        .unwrap();
+    let config = config_fail_closed(900, true);
     let lease = acquire(service.clone(), KEY, config).await.unwrap();
     service.stall(lease.owner());
     // The renewal sent at 300 ms times out at 390 ms: writes pause.
@@ -794,20 +791,10 @@ async fn the_state_follows_the_term_with_the_grant_s_fence_and_deadline() {
     for fail_closed in [false, true] {
         let timeline = Timeline::start();
         let service = Recording::new();
-        let config = Config::builder(Duration::from_millis(900))
-            .fail_closed(fail_closed)
-            .build()
-            .unwrap();
+        let config = config_fail_closed(900, fail_closed);
         let lease = acquire(service.clone(), KEY, config).await.unwrap();
         let fence = lease.granted_fence();
-        let LeaseState::Holding {
-            fence: held,
-            deadline: first,
-        } = lease.state()
-        else {
-            panic!("holding after the grant: {:?}", lease.state());
-        };
-        assert_eq!(held, fence);
+        let first = held(&lease, fence);
         assert!(first > lease.clock().now(), "{first:?}");
 
         // The renewal sent at 300 ms gets no answer: it times out at 390 ms and is
@@ -823,18 +810,22 @@ async fn the_state_follows_the_term_with_the_grant_s_fence_and_deadline() {
             }
         );
         timeline.until(500).await;
-        let LeaseState::Holding {
-            fence: held,
-            deadline: renewed,
-        } = lease.state()
-        else {
-            panic!("holding after the retry: {:?}", lease.state());
-        };
-        assert_eq!(held, fence);
+        let renewed = held(&lease, fence);
         assert!(renewed > first, "{renewed:?} after {first:?}");
 
         assert_eq!(lease.release().await, LeaseEnd::Released);
         assert_eq!(lease.state(), LeaseState::Released);
+    }
+}
+
+/// The deadline of `lease`, which must be holding with `fence`.
+fn held(lease: &LeaseHandle, fence: Fence) -> leasehold::Instant {
+    match lease.state() {
+        LeaseState::Holding {
+            fence: held,
+            deadline,
+        } if held == fence => deadline,
+        other => panic!("expected holding with {fence:?}, got {other:?}"),
     }
 }
 

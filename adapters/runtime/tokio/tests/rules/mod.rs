@@ -9,7 +9,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::common::{config, lease_us, ms, poll_once, within, Kind, Recording, Timeline};
+use crate::common::{
+    config, config_fail_closed, lease_us, ms, poll_once, within, Kind, Recording, Timeline,
+};
 use crate::shape::{acquire, try_acquire};
 use leasehold::{
     Budget, Config, Duration, Event, Fence, FenceGate, GateError, Indeterminate, LossReason,
@@ -340,10 +342,7 @@ async fn a_release_that_hangs_stops_writes_at_once_and_still_ends_released() {
 async fn checks_around_a_lost_renewal(fail_closed: bool) -> Vec<(u64, Result<Fence, CheckError>)> {
     let timeline = Timeline::start();
     let service = Recording::new();
-    let config = Config::builder(Duration::from_millis(900))
-        .fail_closed(fail_closed)
-        .build()
-        .unwrap();
+    let config = config_fail_closed(900, fail_closed);
     let lease = acquire(service.clone(), KEY, config).await.unwrap();
     service.drop_requests(lease.owner(), 1);
     let mut samples = Vec::new();
