@@ -1,14 +1,14 @@
 //! The loop of one lease: [`step`](crate::step()) it, sleep until its deadline or
 //! until its I/O wakes it, repeat until the term is over.
 
-use core::future::{poll_fn, Future};
-use core::pin::{pin, Pin};
+use core::future::Future;
+use core::pin::Pin;
 use core::task::{Context, Poll};
 
 use futures_util::future::Either;
 use leasehold::{
-    AcquireFailure, Action, AlreadyActive, Event, Holder, Identity, Instant, Lease, LossReason,
-    Owner, Response, WriteGate,
+    AcquireFailure, Action, AlreadyActive, Event, Fence, Holder, Identity, Instant, Lease,
+    LossReason, Owner, Response, WriteGate,
 };
 
 use crate::step::{poll_slot, step, Hooks, LeaseIo, Stepped};
@@ -69,9 +69,8 @@ impl<S> Copy for Target<'_, S> {}
 ///
 /// The first attempt goes out at once: a runtime that keeps `lease` for its next term
 /// lets [`Lease::turn`] pass first (up to `give_up_at`), so that a contender waiting
-/// for the key takes its turn instead of finding it taken again. (An await here would
-/// hold this loop's arguments twice in every lease's future, for a turn that a fresh
-/// lease never has.)
+/// for the key takes its turn instead of finding it taken again. (Waiting here would
+/// grow every lease's future, for a turn that a fresh lease never has.)
 ///
 /// * `gate` is the lease's write gate; the lease flips it before this loop acts on
 ///   anything else of the same step, so workers stop before any request goes out.
@@ -86,81 +85,198 @@ impl<S> Copy for Target<'_, S> {}
 /// reported when the term ends.
 ///
 /// Fails only if `lease` is in the middle of a term already.
-pub async fn run_term<S, C, R, F>(
-    lease: &mut Lease,
-    gate: &WriteGate,
-    target: Target<'_, S>,
-    clock: &C,
+///
+/// The future is written by hand rather than as an `async fn`: an `async fn` keeps
+/// each argument twice (as it was passed and as the body's own variable), and the
+/// closures that reach the service once more, which cost every lease about 200 bytes.
+/// Polled again after it completed, it steps the ended lease and completes again.
+pub fn run_term<'a, S, C, R, F>(
+    lease: &'a mut Lease,
+    gate: &'a WriteGate,
+    target: Target<'a, S>,
+    clock: &'a C,
     give_up_at: Instant,
     release: R,
-    mut report: F,
-) -> Result<TermEnd, AlreadyActive>
+    report: F,
+) -> impl Future<Output = Result<TermEnd, AlreadyActive>> + 'a
 where
     S: LocalLockService,
     C: Clock,
+    R: Future<Output = ()> + 'a,
+    F: FnMut(Report) + 'a,
+{
+    RunTerm::new(
+        Inputs {
+            lease,
+            gate,
+            target,
+            clock,
+            give_up_at,
+        },
+        release,
+        report,
+        Wiring {
+            send: |target: Target<'a, S>, action| {
+                let Target {
+                    service,
+                    key,
+                    owner,
+                    identity,
+                } = target;
+                match action {
+                    Action::Acquire { term, ttl, .. } => Either::Left(Answer {
+                        future: service.acquire(key, owner.token(term), identity, ttl),
+                        wrap: Response::Acquire,
+                    }),
+                    Action::Renew {
+                        term, fence, ttl, ..
+                    } => Either::Right(Either::Left(Answer {
+                        future: service.renew(key, owner.token(term), fence, ttl),
+                        wrap: Response::Renew,
+                    })),
+                    Action::Release { term, .. } => Either::Right(Either::Right(Answer {
+                        future: service.release(key, owner.token(term)),
+                        wrap: Response::Release,
+                    })),
+                }
+            },
+            watch: |target: Target<'a, S>, term, fence| {
+                let Target {
+                    service,
+                    key,
+                    owner,
+                    ..
+                } = target;
+                service.revoked(key, owner.token(term), fence)
+            },
+            sleep: |clock: &'a C, at| clock.sleep_until(at),
+        },
+    )
+}
+
+/// What `run_term` was given to run the term on.
+struct Inputs<'a, S, C> {
+    lease: &'a mut Lease,
+    gate: &'a WriteGate,
+    target: Target<'a, S>,
+    clock: &'a C,
+    give_up_at: Instant,
+}
+
+/// How a term reaches its service and its clock: closures that capture nothing (and
+/// so take no room), given the target or clock when called. Named types for the
+/// service's and the clock's futures, which a struct cannot name otherwise.
+struct Wiring<N, V, Z> {
+    send: N,
+    watch: V,
+    sleep: Z,
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`run_term`]. `Q`, `W` and `P` are the futures of a request, a
+    /// revocation watch and a sleep.
+    struct RunTerm<'a, S, C, R, F, N, V, Z, Q, W, P> {
+        inputs: Inputs<'a, S, C>,
+        wiring: Wiring<N, V, Z>,
+        // Whether the term began (the first poll starts it, as an `async fn` would).
+        started: bool,
+        #[pin]
+        release: R,
+        report: F,
+        // The lease has at most one request in flight (a new one supersedes the
+        // old), so one slot holds it, whatever its kind: a driver runs per lease, and
+        // its size is most of a lease's memory.
+        #[pin]
+        io: LeaseIo<Q, W>,
+        // The sleep until the lease's next deadline, kept across passes while the
+        // deadline stays the same: a runtime timer is registered once per deadline,
+        // not once per answer or wake-up. `sleeping_until` is its deadline while the
+        // slot holds one.
+        #[pin]
+        sleep: Option<P>,
+        sleeping_until: Instant,
+    }
+}
+
+impl<'a, S, C, R, F, N, V, Z, Q, W, P> RunTerm<'a, S, C, R, F, N, V, Z, Q, W, P>
+where
+    N: Fn(Target<'a, S>, Action) -> Q,
+    V: Fn(Target<'a, S>, leasehold::Term, Fence) -> W,
+    Z: Fn(&'a C, Instant) -> P,
+{
+    /// Ties the futures' types to the closures that make them.
+    fn new(inputs: Inputs<'a, S, C>, release: R, report: F, wiring: Wiring<N, V, Z>) -> Self {
+        RunTerm {
+            inputs,
+            wiring,
+            started: false,
+            release,
+            report,
+            io: LeaseIo::new(),
+            sleep: None,
+            sleeping_until: Instant::ZERO,
+        }
+    }
+}
+
+impl<'a, S, C, R, F, N, V, Z, Q, W, P> Future for RunTerm<'a, S, C, R, F, N, V, Z, Q, W, P>
+where
+    C: Clock,
     R: Future<Output = ()>,
     F: FnMut(Report),
+    N: Fn(Target<'a, S>, Action) -> Q,
+    Q: Future<Output = Response>,
+    V: Fn(Target<'a, S>, leasehold::Term, Fence) -> W,
+    W: Future<Output = ()>,
+    Z: Fn(&'a C, Instant) -> P,
+    P: Future<Output = ()>,
 {
-    let Target {
-        service,
-        key,
-        owner,
-        identity,
-    } = target;
-    lease.acquire_until(clock.now(), give_up_at, gate)?;
+    type Output = Result<TermEnd, AlreadyActive>;
 
-    let mut release = pin!(release);
-    // The lease has at most one request in flight (a new one supersedes the old), so
-    // one slot holds it, whatever its kind: a driver runs per lease, and its size is
-    // most of a lease's memory.
-    let mut io = pin!(LeaseIo::new());
-    let mut hooks = Hooks {
-        send: |action| match action {
-            Action::Acquire { term, ttl, .. } => Either::Left(Answer {
-                future: service.acquire(key, owner.token(term), identity, ttl),
-                wrap: Response::Acquire,
-            }),
-            Action::Renew {
-                term, fence, ttl, ..
-            } => Either::Right(Either::Left(Answer {
-                future: service.renew(key, owner.token(term), fence, ttl),
-                wrap: Response::Renew,
-            })),
-            Action::Release { term, .. } => Either::Right(Either::Right(Answer {
-                future: service.release(key, owner.token(term)),
-                wrap: Response::Release,
-            })),
-        },
-        watch: |term, fence| service.revoked(key, owner.token(term), fence),
-        release: |cx: &mut Context<'_>| release.as_mut().poll(cx),
-        report: &mut report,
-    };
-    // The sleep until the lease's next deadline, kept across passes while the deadline
-    // stays the same: a runtime timer is registered once per deadline, not once per
-    // answer or wake-up. `sleeping_until` is its deadline while the slot holds one.
-    let mut sleep = pin!(None);
-    let mut sleeping_until = Instant::ZERO;
-
-    let end = poll_fn(|cx| loop {
-        let next = match step(lease, gate, clock, io.as_mut(), cx, &mut hooks) {
-            Stepped::Ended(end) => return Poll::Ready(end),
-            Stepped::Waiting(next) => next,
-        };
-        match next {
-            Some(at) if sleep.is_none() || at != sleeping_until => {
-                sleep.set(Some(clock.sleep_until(at)));
-                sleeping_until = at;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let Inputs {
+            lease,
+            gate,
+            target,
+            clock,
+            give_up_at,
+        } = this.inputs;
+        let (target, clock) = (*target, *clock);
+        if !*this.started {
+            *this.started = true;
+            if let Err(active) = lease.acquire_until(clock.now(), *give_up_at, gate) {
+                return Poll::Ready(Err(active));
             }
-            Some(_) => {}
-            None => sleep.set(None),
         }
-        if poll_slot(sleep.as_mut(), cx).is_none() {
-            return Poll::Pending;
+        let wiring = &*this.wiring;
+        let mut release = this.release;
+        let mut hooks = Hooks {
+            send: |action| (wiring.send)(target, action),
+            watch: |term, fence| (wiring.watch)(target, term, fence),
+            release: |cx: &mut Context<'_>| release.as_mut().poll(cx),
+            report: this.report,
+        };
+        let (mut io, mut sleep) = (this.io, this.sleep);
+        loop {
+            let next = match step(lease, gate, clock, io.as_mut(), cx, &mut hooks) {
+                Stepped::Ended(end) => return Poll::Ready(Ok(end)),
+                Stepped::Waiting(next) => next,
+            };
+            match next {
+                Some(at) if sleep.is_none() || at != *this.sleeping_until => {
+                    sleep.set(Some((wiring.sleep)(clock, at)));
+                    *this.sleeping_until = at;
+                }
+                Some(_) => {}
+                None => sleep.set(None),
+            }
+            if poll_slot(sleep.as_mut(), cx).is_none() {
+                return Poll::Pending;
+            }
+            lease.handle_timeout(clock.now(), gate);
         }
-        lease.handle_timeout(clock.now(), gate);
-    })
-    .await;
-    Ok(end)
+    }
 }
 
 pin_project_lite::pin_project! {

@@ -368,3 +368,45 @@ fn a_sleep_is_built_only_when_the_deadline_changes_or_the_last_one_ended() {
         );
     }
 }
+
+/// A lease's loop is most of its memory (a tokio task, an embassy task's static), so
+/// it holds each argument once, beside its request slot, its watch and its sleep: an
+/// `async fn` would keep every argument twice and the closures that reach the service
+/// once more (184 B more with this service).
+#[test]
+fn the_loop_holds_each_argument_once() {
+    let service = OneKey::default();
+    let clock = JumpClock(Cell::new(Instant::ZERO));
+    let gate = WriteGate::new();
+    let mut lease = Lease::new(config(), Owner([1; 16]));
+    let (token, ttl) = (Owner([1; 16]).token(leasehold::Term(1)), Duration::ZERO);
+    let request = [
+        size_of_val(&service.acquire("k", token, &IDENTITY, ttl)),
+        size_of_val(&service.renew("k", token, Fence(1), ttl)),
+        size_of_val(&service.release("k", token)),
+    ];
+    let request = request.into_iter().max().unwrap_or(0);
+    let sleep = size_of_val(&clock.sleep_until(Instant::ZERO));
+    let arguments = size_of::<&mut Lease>()
+        + size_of::<&WriteGate>()
+        + size_of::<Target<'_, OneKey>>()
+        + size_of::<&JumpClock>()
+        + size_of::<Instant>();
+    let term = run_term(
+        &mut lease,
+        &gate,
+        target(&service),
+        &clock,
+        Instant::MAX,
+        std::future::pending(),
+        |_| {},
+    );
+    let size = size_of_val(&term);
+    println!("loop {size} B: arguments {arguments} B, request {request} B, sleep {sleep} B");
+    // What is left (56 B here): the request's id and the watched fence, the sleep's
+    // deadline, a few flags and the slots' tags.
+    assert!(
+        size <= arguments + request + sleep + 64,
+        "the loop is {size} B"
+    );
+}

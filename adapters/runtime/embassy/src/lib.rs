@@ -20,6 +20,8 @@ pub use leasehold;
 pub use leasehold_driver;
 pub use leasehold_driver::{LocalLockService, Report, Target, TermEnd};
 
+use core::future::Future;
+
 use embassy_sync::blocking_mutex::raw::RawMutex;
 use leasehold::{AlreadyActive, Event, Instant, Lease};
 
@@ -44,36 +46,41 @@ use leasehold::{AlreadyActive, Event, Instant, Lease};
 /// Call it from your own `#[embassy_executor::task]` (tasks cannot be generic, so the
 /// adapter cannot ship one): see the crate docs for the pattern. Fails only if `lease`
 /// is in the middle of a term already.
-pub async fn run_term<M, S, F>(
-    lease: &mut Lease,
-    shared: &LeaseShared<M>,
-    target: Target<'_, S>,
+///
+/// (Not an `async fn`, which would keep its arguments twice in the task.)
+#[allow(clippy::manual_async_fn)]
+pub fn run_term<'a, M, S, F>(
+    lease: &'a mut Lease,
+    shared: &'a LeaseShared<M>,
+    target: Target<'a, S>,
     give_up_at: Instant,
     mut on_report: F,
-) -> Result<TermEnd, AlreadyActive>
+) -> impl Future<Output = Result<TermEnd, AlreadyActive>> + 'a
 where
     M: RawMutex,
     S: LocalLockService,
-    F: FnMut(Report),
+    F: FnMut(Report) + 'a,
 {
-    shared.start_term();
-    // A fair turn: after this lease released the key it held, waiters go first.
-    if let Some(turn) = lease.turn() {
-        embassy_time::Timer::at(to_embassy(turn.min(give_up_at))).await;
+    async move {
+        shared.start_term();
+        // A fair turn: after this lease released the key it held, waiters go first.
+        if let Some(turn) = lease.turn() {
+            embassy_time::Timer::at(to_embassy(turn.min(give_up_at))).await;
+        }
+        leasehold_driver::run_term(
+            lease,
+            shared.gate(),
+            target,
+            &EmbassyClock,
+            give_up_at,
+            shared.release_requested(),
+            |report| {
+                if let Report::Event(Event::Lost { reason, .. }) = report {
+                    shared.signal_lost(reason);
+                }
+                on_report(report);
+            },
+        )
+        .await
     }
-    leasehold_driver::run_term(
-        lease,
-        shared.gate(),
-        target,
-        &EmbassyClock,
-        give_up_at,
-        shared.release_requested(),
-        |report| {
-            if let Report::Event(Event::Lost { reason, .. }) = report {
-                shared.signal_lost(reason);
-            }
-            on_report(report);
-        },
-    )
-    .await
 }
