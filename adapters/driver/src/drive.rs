@@ -89,7 +89,7 @@ impl<S> Copy for Target<'_, S> {}
 /// The future is written by hand rather than as an `async fn`: an `async fn` keeps
 /// each argument twice (as it was passed and as the body's own variable), and the
 /// closures that reach the service once more, which cost every lease about 200 bytes.
-/// Polled again after it completed, it steps the ended lease and completes again.
+/// Polled again after it completed, it completes again with the same answer.
 pub fn run_term<'a, S, C, R, F>(
     lease: &'a mut Lease,
     gate: &'a WriteGate,
@@ -244,10 +244,12 @@ where
         } = this.inputs;
         let (target, clock) = (*target, *clock);
         if !*this.started {
-            *this.started = true;
             if let Err(active) = lease.acquire_until(clock.now(), *give_up_at, gate) {
+                // Not started: polled again, it answers the same, and never drives
+                // the term it found running.
                 return Poll::Ready(Err(active));
             }
+            *this.started = true;
         }
         let wiring = &*this.wiring;
         let mut release = this.release;

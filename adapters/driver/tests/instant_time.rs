@@ -203,23 +203,49 @@ fn not_owner_ends_the_term_with_the_gate_closed() {
     );
 }
 
+/// A clock whose sleeps never end: a loop on it returns as soon as it waits.
+struct StoppedClock;
+
+impl Clock for StoppedClock {
+    fn now(&self) -> Instant {
+        Instant::ZERO
+    }
+    fn sleep_until(&self, _: Instant) -> impl Future<Output = ()> {
+        std::future::pending()
+    }
+}
+
+/// A lease in the middle of a term is refused, and the loop never drives that term:
+/// polled again, it refuses again and sends nothing.
 #[test]
 fn a_running_term_cannot_be_driven_twice() {
     let service = OneKey::default();
-    let clock = JumpClock(Cell::new(Instant::ZERO));
     let gate = WriteGate::new();
     let mut lease = Lease::new(config(), Owner([1; 16]));
     lease.acquire(Instant::ZERO, &gate).unwrap();
-    let result = block_on(run_term(
+    let term = run_term(
         &mut lease,
         &gate,
         target(&service),
-        &clock,
+        &StoppedClock,
         Instant::MAX,
         std::future::pending(),
         |_| {},
-    ));
-    assert!(result.is_err());
+    );
+    let mut term = std::pin::pin!(term);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    for poll in 1..=2 {
+        let result = term.as_mut().poll(&mut cx);
+        assert!(
+            matches!(result, Poll::Ready(Err(_))),
+            "poll {poll}: {result:?}"
+        );
+    }
+    assert_eq!(
+        service.fence.get(),
+        0,
+        "the running term's acquire was sent"
+    );
 }
 
 #[test]
