@@ -8,8 +8,8 @@ use std::task::Poll;
 
 use futures::executor::block_on;
 use leasehold::{
-    AcquireFailure, AcquireOutcome, Config, Duration, Event, Fence, GateError, Holder,
-    HolderOutcome, Identity, Instant, Lease, LossReason, Owner, OwnerToken, Refusal,
+    AcquireFailure, AcquireOutcome, AlreadyActive, Config, Duration, Event, Fence, GateError,
+    Holder, HolderOutcome, Identity, Instant, Lease, LossReason, Owner, OwnerToken, Refusal,
     ReleaseOutcome, RenewOutcome, WriteGate,
 };
 use leasehold_driver::{run_term, Clock, LocalLockService, Report, Target, TermEnd};
@@ -127,6 +127,24 @@ fn target(service: &OneKey) -> Target<'_, OneKey> {
     }
 }
 
+/// One term of `lease` on `service` that is never released, its reports ignored.
+fn unreleased_term<'a, C: Clock>(
+    lease: &'a mut Lease,
+    gate: &'a WriteGate,
+    service: &'a OneKey,
+    clock: &'a C,
+) -> impl Future<Output = Result<TermEnd, AlreadyActive>> + 'a {
+    run_term(
+        lease,
+        gate,
+        target(service),
+        clock,
+        Instant::MAX,
+        std::future::pending(),
+        |_| {},
+    )
+}
+
 /// Completes once the clock reaches `at`.
 fn at_time(clock: &JumpClock, at: Instant) -> impl Future<Output = ()> + '_ {
     poll_fn(move |_| {
@@ -184,16 +202,7 @@ fn not_owner_ends_the_term_with_the_gate_closed() {
     let gate = WriteGate::new();
     let mut lease = Lease::new(config(), Owner([1; 16]));
 
-    let end = block_on(run_term(
-        &mut lease,
-        &gate,
-        target(&service),
-        &clock,
-        Instant::MAX,
-        std::future::pending(),
-        |_| {},
-    ))
-    .unwrap();
+    let end = block_on(unreleased_term(&mut lease, &gate, &service, &clock)).unwrap();
 
     assert_eq!(end, TermEnd::Lost(LossReason::NotOwner));
     assert_eq!(clock.now(), Instant::from_millis(900), "the third renewal");
@@ -223,15 +232,7 @@ fn a_running_term_cannot_be_driven_twice() {
     let gate = WriteGate::new();
     let mut lease = Lease::new(config(), Owner([1; 16]));
     lease.acquire(Instant::ZERO, &gate).unwrap();
-    let term = run_term(
-        &mut lease,
-        &gate,
-        target(&service),
-        &StoppedClock,
-        Instant::MAX,
-        std::future::pending(),
-        |_| {},
-    );
+    let term = unreleased_term(&mut lease, &gate, &service, &StoppedClock);
     let mut term = std::pin::pin!(term);
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     for poll in 1..=2 {
@@ -316,16 +317,7 @@ fn a_final_refusal_ends_the_term_at_once() {
     let clock = JumpClock(Cell::new(Instant::ZERO));
     let gate = WriteGate::new();
     let mut lease = Lease::new(config(), Owner([1; 16]));
-    let end = block_on(run_term(
-        &mut lease,
-        &gate,
-        target(&service),
-        &clock,
-        Instant::MAX,
-        std::future::pending(),
-        |_| {},
-    ))
-    .unwrap();
+    let end = block_on(unreleased_term(&mut lease, &gate, &service, &clock)).unwrap();
     assert_eq!(
         end,
         TermEnd::NotAcquired(AcquireFailure::Refused(Refusal::Unauthorized))
@@ -418,15 +410,7 @@ fn the_loop_holds_each_argument_once() {
         + size_of::<Target<'_, OneKey>>()
         + size_of::<&JumpClock>()
         + size_of::<Instant>();
-    let term = run_term(
-        &mut lease,
-        &gate,
-        target(&service),
-        &clock,
-        Instant::MAX,
-        std::future::pending(),
-        |_| {},
-    );
+    let term = unreleased_term(&mut lease, &gate, &service, &clock);
     let size = size_of_val(&term);
     println!("loop {size} B: arguments {arguments} B, request {request} B, sleep {sleep} B");
     // What is left (56 B here): the request's id and the watched fence, the sleep's
