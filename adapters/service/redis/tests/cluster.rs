@@ -135,7 +135,7 @@ async fn many_leases_ride_out_a_failover_and_a_slot_migration() {
         tokio::task::block_in_place(|| cluster.wait_replicated(victim));
     }
     cluster.kill(victim);
-    tokio::task::block_in_place(|| cluster.wait_settled(3));
+    tokio::task::block_in_place(|| cluster.wait_taken_over(victim));
     // Two TTLs on the new topology: a lease still held has renewed on the promoted
     // replica several times.
     tokio::time::sleep(StdDuration::from_secs(6)).await;
@@ -272,7 +272,7 @@ async fn a_primary_that_stops_answering_is_routed_around_once_its_replica_takes_
 
     // SIGSTOP: its connections stay open and nothing ever answers or fails on them.
     cluster.pause(victim);
-    tokio::task::block_in_place(|| cluster.wait_settled(3));
+    tokio::task::block_in_place(|| cluster.wait_taken_over(victim));
 
     // The replica serves the slots now; the client must find that out by itself,
     // from its requests to the old primary going unanswered.
@@ -282,7 +282,9 @@ async fn a_primary_that_stops_answering_is_routed_around_once_its_replica_takes_
         match service.try_acquire(&other, token, &who, ttl).await {
             Ok(Acquired::Granted { .. }) => break true,
             _ if tokio::time::Instant::now() >= give_up => break false,
-            // Each failed attempt has already waited out its 1 s request timeout.
+            // The promoted replica answers: its quarantine ends after one TTL.
+            Ok(Acquired::Quarantined { remaining }) => tokio::time::sleep(remaining.into()).await,
+            // A request to the hung node waits out its timeout; others fail at once.
             _ => {}
         }
     };

@@ -434,7 +434,10 @@ impl RedisServer {
             cmd.args(["--cluster-enabled", "yes"])
                 .args(["--cluster-config-file", "nodes.conf"])
                 .args(["--cluster-node-timeout", "1000"])
-                .args(["--cluster-require-full-coverage", "no"]);
+                .args(["--cluster-require-full-coverage", "no"])
+                // A replica's first sync starts at once, not after the default 5 s
+                // wait for more replicas to share it.
+                .args(["--repl-diskless-sync-delay", "0"]);
             if self.options.tls.is_some() {
                 // The slot map then names the TLS ports, and the cluster bus is TLS.
                 cmd.args(["--tls-cluster", "yes"]);

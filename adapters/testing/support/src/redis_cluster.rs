@@ -64,7 +64,7 @@ impl RedisCluster {
             .arg("--cluster-yes");
         run(&mut create, "redis-cli --cluster create");
         cluster.wait_settled(primaries);
-        cluster.wait_replicas_linked();
+        cluster.wait_replicas_linked(primaries * replicas);
         cluster
     }
 
@@ -146,15 +146,7 @@ impl RedisCluster {
         let give_up = Instant::now() + SETTLE_WITHIN;
         loop {
             let nodes = self.topology();
-            let serving: Vec<&ClusterNode> = nodes
-                .iter()
-                .filter(|n| n.primary && !n.failed && !n.slots.is_empty())
-                .collect();
-            let slots: u32 = serving
-                .iter()
-                .flat_map(|n| n.slots.iter())
-                .map(|&(a, b)| u32::from(b - a) + 1)
-                .sum();
+            let (serving, slots) = serving(&nodes);
             let ok = self.answering().all(|n| {
                 n.inline("CLUSTER INFO")
                     .is_some_and(|info| info.contains("cluster_state:ok"))
@@ -170,28 +162,52 @@ impl RedisCluster {
         }
     }
 
-    /// Blocks until every replica has finished its first sync with its primary: a
-    /// replica that never synced refuses to take over (its data is too old).
-    fn wait_replicas_linked(&self) {
+    /// Blocks until `replicas` nodes report, each of itself, a finished sync with
+    /// their primary: a replica that never synced refuses to take over (its data is
+    /// too old). Each node is asked for its own role, as the others learn of it by
+    /// gossip only after `redis-cli --cluster create` has returned.
+    fn wait_replicas_linked(&self, replicas: usize) {
         let give_up = Instant::now() + SETTLE_WITHIN;
-        let replicas: Vec<u16> = self
-            .topology()
-            .into_iter()
-            .filter(|n| n.replica_of.is_some())
-            .map(|n| n.port)
-            .collect();
-        for node in self.nodes.iter().filter(|n| replicas.contains(&n.port())) {
-            while !node
-                .inline("INFO replication")
-                .is_some_and(|info| info.contains("master_link_status:up"))
-            {
-                assert!(
-                    Instant::now() < give_up,
-                    "replica {} never synced",
-                    node.port()
-                );
-                std::thread::sleep(Duration::from_millis(10));
+        loop {
+            let linked = self
+                .answering()
+                .filter(|node| {
+                    node.inline("INFO replication").is_some_and(|info| {
+                        info.contains("role:slave") && info.contains("master_link_status:up")
+                    })
+                })
+                .count();
+            if linked >= replicas {
+                return;
             }
+            assert!(
+                Instant::now() < give_up,
+                "{linked} of {replicas} replicas synced within {SETTLE_WITHIN:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Blocks until every node that answers sees all slots served by primaries it does
+    /// not suspect, none of them the node on `port`: that node's replica has taken
+    /// over. (Right after a node stops, [`wait_settled`](Self::wait_settled) returns
+    /// at once: nobody has noticed yet.)
+    pub fn wait_taken_over(&self, port: u16) {
+        let give_up = Instant::now() + SETTLE_WITHIN;
+        let served_without = |node: &RedisServer| {
+            let Some(nodes) = node.inline("CLUSTER NODES").map(|r| parse_nodes(&r)) else {
+                return false;
+            };
+            let (serving, slots) = serving(&nodes);
+            slots == 16_384 && serving.iter().all(|n| n.port != port)
+        };
+        while !self.answering().all(served_without) {
+            assert!(
+                Instant::now() < give_up,
+                "no replica took over from {port} within {SETTLE_WITHIN:?}: {:#?}",
+                self.topology()
+            );
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
@@ -264,6 +280,21 @@ fn run(command: &mut Command, what: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The primaries serving slots that this view does not suspect, and how many slots
+/// they serve together.
+fn serving(nodes: &[ClusterNode]) -> (Vec<&ClusterNode>, u32) {
+    let serving: Vec<&ClusterNode> = nodes
+        .iter()
+        .filter(|n| n.primary && !n.failed && !n.slots.is_empty())
+        .collect();
+    let slots = serving
+        .iter()
+        .flat_map(|n| n.slots.iter())
+        .map(|&(a, b)| u32::from(b - a) + 1)
+        .sum();
+    (serving, slots)
 }
 
 /// The node lines of a `CLUSTER NODES` reply (a bulk string: its `$len` line and
