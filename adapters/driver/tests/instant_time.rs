@@ -116,6 +116,15 @@ fn config() -> Config {
     Config::builder(Duration::from_millis(900)).build().unwrap()
 }
 
+/// A clock at zero, a closed gate and a lease that never held: where each test starts.
+fn fresh() -> (JumpClock, WriteGate, Lease) {
+    (
+        JumpClock(Cell::new(Instant::ZERO)),
+        WriteGate::new(),
+        Lease::new(config(), Owner([1; 16])),
+    )
+}
+
 static IDENTITY: Identity = Identity::EMPTY;
 
 fn target(service: &OneKey) -> Target<'_, OneKey> {
@@ -159,9 +168,7 @@ fn at_time(clock: &JumpClock, at: Instant) -> impl Future<Output = ()> + '_ {
 #[test]
 fn renews_every_third_then_releases_on_request() {
     let service = OneKey::default();
-    let clock = JumpClock(Cell::new(Instant::ZERO));
-    let gate = WriteGate::new();
-    let mut lease = Lease::new(config(), Owner([1; 16]));
+    let (clock, gate, mut lease) = fresh();
     let mut events = Vec::new();
 
     let end = block_on(run_term(
@@ -198,9 +205,7 @@ fn renews_every_third_then_releases_on_request() {
 fn not_owner_ends_the_term_with_the_gate_closed() {
     let service = OneKey::default();
     service.refuse_renewals_after.set(Some(2));
-    let clock = JumpClock(Cell::new(Instant::ZERO));
-    let gate = WriteGate::new();
-    let mut lease = Lease::new(config(), Owner([1; 16]));
+    let (clock, gate, mut lease) = fresh();
 
     let end = block_on(unreleased_term(&mut lease, &gate, &service, &clock)).unwrap();
 
@@ -253,9 +258,7 @@ fn a_running_term_cannot_be_driven_twice() {
 fn a_target_is_copy_for_any_service() {
     // `OneKey` is neither `Clone` nor `Copy`; a task reuses its target for every term.
     let service = OneKey::default();
-    let clock = JumpClock(Cell::new(Instant::ZERO));
-    let gate = WriteGate::new();
-    let mut lease = Lease::new(config(), Owner([1; 16]));
+    let (clock, gate, mut lease) = fresh();
     let target = target(&service);
     for _ in 0..2 {
         let end = block_on(run_term(
@@ -277,9 +280,7 @@ fn a_held_key_is_reported_with_its_holder_and_the_wait_bound_ends_the_term() {
     let taken = Identity::new("other-host:77").unwrap();
     *service.holder.borrow_mut() = Some((Owner([2; 16]).token(leasehold::Term(1)), taken));
     service.fence.set(41);
-    let clock = JumpClock(Cell::new(Instant::ZERO));
-    let gate = WriteGate::new();
-    let mut lease = Lease::new(config(), Owner([1; 16]));
+    let (clock, gate, mut lease) = fresh();
     let mut reports = Vec::new();
 
     let end = block_on(run_term(
@@ -314,9 +315,7 @@ fn a_held_key_is_reported_with_its_holder_and_the_wait_bound_ends_the_term() {
 fn a_final_refusal_ends_the_term_at_once() {
     let service = OneKey::default();
     service.refuse_acquires.set(Some(Refusal::Unauthorized));
-    let clock = JumpClock(Cell::new(Instant::ZERO));
-    let gate = WriteGate::new();
-    let mut lease = Lease::new(config(), Owner([1; 16]));
+    let (clock, gate, mut lease) = fresh();
     let end = block_on(unreleased_term(&mut lease, &gate, &service, &clock)).unwrap();
     assert_eq!(
         end,
@@ -394,9 +393,7 @@ fn a_sleep_is_built_only_when_the_deadline_changes_or_the_last_one_ended() {
 #[test]
 fn the_loop_holds_each_argument_once() {
     let service = OneKey::default();
-    let clock = JumpClock(Cell::new(Instant::ZERO));
-    let gate = WriteGate::new();
-    let mut lease = Lease::new(config(), Owner([1; 16]));
+    let (clock, gate, mut lease) = fresh();
     let (token, ttl) = (Owner([1; 16]).token(leasehold::Term(1)), Duration::ZERO);
     let request = [
         size_of_val(&service.acquire("k", token, &IDENTITY, ttl)),
