@@ -243,10 +243,11 @@ where
 {
     let key: Box<str> = key.into();
     async move {
+        // `start` puts the identity `options` name in place of the default.
         let common = Arc::new(Common {
             config,
             clock: LeaseClock::start(),
-            identity: options.identity.unwrap_or_else(default_identity),
+            identity: default_identity(),
             drivers: None,
         });
         start(&service, key, common, options, |shared, give_up_at| {
@@ -275,7 +276,7 @@ pub(crate) async fn start<S: LockService + 'static>(
     };
     // The default is read again here: a process forked after the set was made has
     // another pid.
-    let common = common.with_identity(options.identity.unwrap_or_else(default_identity));
+    let common = common.with_identity(options.identity);
     let (config, clock) = (common.config, common.clock);
     // The wait bound counts from the call, the wait for our turn included. A zero
     // bound is one attempt (`flock -n`), awaited for up to the request timeout; any
@@ -388,17 +389,19 @@ impl Drop for Attempt {
 /// `hostname:pid`, cut to fit: who holds a lease, in words a person can look up.
 /// Read once per process (a set that acquires a hundred thousand leases must not read
 /// the host name as many times); a forked child, whose pid differs, reads it again.
-pub(crate) fn default_identity() -> Identity {
-    static CACHED: std::sync::Mutex<Option<(u32, Identity)>> = std::sync::Mutex::new(None);
+/// Shared: every lease that names no identity of its own points to this one, rather
+/// than keeping 65 bytes of its own.
+pub(crate) fn default_identity() -> Arc<Identity> {
+    static CACHED: std::sync::Mutex<Option<(u32, Arc<Identity>)>> = std::sync::Mutex::new(None);
     let pid = std::process::id();
     let mut cached = CACHED
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    match *cached {
-        Some((for_pid, identity)) if for_pid == pid => identity,
+    match &*cached {
+        Some((for_pid, identity)) if *for_pid == pid => Arc::clone(identity),
         _ => {
-            let identity = read_identity(pid);
-            *cached = Some((pid, identity));
+            let identity = Arc::new(read_identity(pid));
+            *cached = Some((pid, Arc::clone(&identity)));
             identity
         }
     }

@@ -46,30 +46,33 @@ pub(crate) enum StopCause {
 
 /// What every lease started the same way shares: a [`LeaseSet`](crate::LeaseSet)'s
 /// leases share one (unless an acquire names its own identity), a task per lease has
-/// its own. Kept apart so that a set's lease does not carry 130 bytes that are the
+/// its own. Kept apart so that a set's lease does not carry 100 bytes that are the
 /// same in all of them.
 #[derive(Debug)]
 pub(crate) struct Common {
     pub(crate) config: Config,
     pub(crate) clock: LeaseClock,
-    pub(crate) identity: Identity,
+    /// The process's default identity (shared by every lease that names none), or
+    /// the one an acquire named.
+    pub(crate) identity: Arc<Identity>,
     /// A set's driver inboxes, by index: where its leases' wake-ups go. `None` for a
     /// task per lease.
     pub(crate) drivers: Option<Arc<[Arc<Inbox>]>>,
 }
 
 impl Common {
-    /// `self`, or a copy with `identity` when it differs.
-    pub(crate) fn with_identity(self: &Arc<Common>, identity: Identity) -> Arc<Common> {
+    /// `self`, or a copy with `identity` (the process's default when `None`) when it
+    /// differs.
+    pub(crate) fn with_identity(self: &Arc<Common>, identity: Option<Identity>) -> Arc<Common> {
+        let identity = identity.map_or_else(crate::acquire::default_identity, Arc::new);
         if identity == self.identity {
-            Arc::clone(self)
-        } else {
-            Arc::new(Common {
-                identity,
-                drivers: self.drivers.clone(),
-                ..**self
-            })
+            return Arc::clone(self);
         }
+        Arc::new(Common {
+            identity,
+            drivers: self.drivers.clone(),
+            ..**self
+        })
     }
 }
 
@@ -235,7 +238,7 @@ impl Shared {
         let common = Arc::new(Common {
             config,
             clock: LeaseClock::start(),
-            identity: Identity::EMPTY,
+            identity: Arc::new(Identity::EMPTY),
             drivers: None,
         });
         Arc::new(Shared::new("k".into(), Owner([0; 16]), common))

@@ -168,14 +168,16 @@ mod tests {
     use leasehold::Instant;
 
     use crate::memory::MemoryService;
-    use crate::shared::Shared;
+    use crate::shared::{Common, Shared};
 
     /// A driver task per lease is most of a lease's memory: keep its future and the
     /// shared state from growing unnoticed. Tokio rounds a task up to a multiple of
     /// 128 B, and adds about 104 B to the future: a future of at most 536 B keeps the
     /// task at 640 B, which holds because requests are boxed ([`super::Boxed`]). The
     /// lease's `tracing` span (feature `tracing`, on by default) adds 40 B to the
-    /// task, which runs inside it.
+    /// task, which runs inside it. A task's lease also has its own config, clock and
+    /// identity ([`Common`]), which point to the process's default identity rather
+    /// than keeping one.
     /// CHANGELOG.md records what each size change bought.
     #[tokio::test]
     async fn a_lease_task_and_its_shared_state_stay_small() {
@@ -185,10 +187,11 @@ mod tests {
             shared,
         };
         let task = super::drive(task, Instant::MAX);
-        let (task, shared) = (size_of_val(&task), size_of::<Shared>());
-        println!("driver task future: {task} B, shared state: {shared} B");
+        let (task, shared, common) = (size_of_val(&task), size_of::<Shared>(), size_of::<Common>());
+        println!("driver task future: {task} B, shared state: {shared} B, common: {common} B");
         let limit = if cfg!(feature = "tracing") { 536 } else { 496 };
         assert!(task <= limit, "driver task future is {task} B");
         assert!(shared <= 200, "shared state is {shared} B");
+        assert!(common <= 104, "config, clock and identity are {common} B");
     }
 }
