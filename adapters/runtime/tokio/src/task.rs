@@ -75,7 +75,7 @@ fn drive<S: LockService + 'static>(task: Task<S>, give_up_at: Instant) -> impl F
 }
 
 /// `S` with its requests on the heap. A task keeps room for the largest request
-/// future the whole term long (136 B for the in-memory service, over 500 B for
+/// future the whole term long (136 B for the in-memory service, about 500 B for
 /// Redis), while a request lives only until it is answered: boxed, it costs the lease
 /// 8 B in its task and the rest only in flight, as a [`LeaseSet`](crate::LeaseSet)'s
 /// requests do. The revocation watch lives as long as the grant and stays inline.
