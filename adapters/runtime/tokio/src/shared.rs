@@ -23,7 +23,7 @@ use leasehold_driver::Report;
 use tokio::sync::{broadcast, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::set::Inbox;
+use crate::set::Inboxes;
 use crate::{metrics, trace, LeaseClock, LeaseEnd, LeaseState, LeaseStats, TimedEvent};
 
 /// How many events a late [`events`](crate::LeaseHandle::events) subscriber can lag
@@ -46,7 +46,7 @@ pub(crate) enum StopCause {
 
 /// What every lease started the same way shares: a [`LeaseSet`](crate::LeaseSet)'s
 /// leases share one (unless an acquire names its own identity), a task per lease has
-/// its own. Kept apart so that a set's lease does not carry 100 bytes that are the
+/// its own. Kept apart so that a set's lease does not carry 88 bytes that are the
 /// same in all of them.
 #[derive(Debug)]
 pub(crate) struct Common {
@@ -57,7 +57,7 @@ pub(crate) struct Common {
     pub(crate) identity: Arc<Identity>,
     /// A set's driver inboxes, by index: where its leases' wake-ups go. `None` for a
     /// task per lease.
-    pub(crate) drivers: Option<Arc<[Arc<Inbox>]>>,
+    pub(crate) drivers: Option<Inboxes>,
 }
 
 impl Common {

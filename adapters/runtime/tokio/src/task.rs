@@ -192,6 +192,6 @@ mod tests {
         let limit = if cfg!(feature = "tracing") { 536 } else { 496 };
         assert!(task <= limit, "driver task future is {task} B");
         assert!(shared <= 200, "shared state is {shared} B");
-        assert!(common <= 104, "config, clock and identity are {common} B");
+        assert!(common <= 88, "config, clock and identity are {common} B");
     }
 }

@@ -34,8 +34,9 @@ const FAR_FUTURE: std::time::Duration = std::time::Duration::from_secs(86_400 * 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseClock {
     origin: tokio::time::Instant,
-    /// The suspended time (see above) at the origin.
-    suspended_at_origin: std::time::Duration,
+    /// The suspended time (see above) at the origin, in nanoseconds (584 years fit),
+    /// 8 B less than a `Duration` in every lease.
+    suspended_at_origin: u64,
 }
 
 impl LeaseClock {
@@ -48,7 +49,7 @@ impl LeaseClock {
     pub fn starting_at(origin: tokio::time::Instant) -> LeaseClock {
         LeaseClock {
             origin,
-            suspended_at_origin: suspended(),
+            suspended_at_origin: u64::try_from(suspended().as_nanos()).unwrap_or(u64::MAX),
         }
     }
 
@@ -67,7 +68,8 @@ impl LeaseClock {
     /// [`suspended`], when it is at least [`SUSPEND_FLOOR`] (below it, what moved is
     /// the readings' own jitter, not a suspend).
     fn suspended_since_origin(&self) -> std::time::Duration {
-        let grown = suspended().saturating_sub(self.suspended_at_origin);
+        let at_origin = std::time::Duration::from_nanos(self.suspended_at_origin);
+        let grown = suspended().saturating_sub(at_origin);
         if grown >= SUSPEND_FLOOR {
             grown
         } else {
