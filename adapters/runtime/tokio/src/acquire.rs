@@ -243,11 +243,10 @@ where
 {
     let key: Box<str> = key.into();
     async move {
-        // `start` puts the identity `options` name in place of the default.
         let common = Arc::new(Common {
             config,
             clock: LeaseClock::start(),
-            identity: default_identity(),
+            identity: options.identity.map_or_else(default_identity, Arc::new),
             drivers: None,
         });
         start(&service, key, common, options, |shared, give_up_at| {

@@ -64,7 +64,12 @@ impl Common {
     /// `self`, or a copy with `identity` (the process's default when `None`) when it
     /// differs.
     pub(crate) fn with_identity(self: &Arc<Common>, identity: Option<Identity>) -> Arc<Common> {
-        let identity = identity.map_or_else(crate::acquire::default_identity, Arc::new);
+        // Compared before anything is allocated: most acquires name the set's identity.
+        let identity = match identity {
+            Some(named) if named == *self.identity => return Arc::clone(self),
+            Some(named) => Arc::new(named),
+            None => crate::acquire::default_identity(),
+        };
         if identity == self.identity {
             return Arc::clone(self);
         }
