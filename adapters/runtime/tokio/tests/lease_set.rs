@@ -357,3 +357,32 @@ fn an_acquire_on_a_set_whose_runtime_is_gone_ends_at_once_as_driver_stopped() {
         "{outcome:?}"
     );
 }
+
+/// One set's leases share its default identity, and a lease that names its own is
+/// granted under it without changing what the set's next leases are granted under.
+#[tokio::test(start_paused = true)]
+async fn a_sets_leases_are_granted_under_their_own_identity_or_the_sets() {
+    let service = Arc::new(MemoryService::new());
+    let set = LeaseSet::with_drivers(Arc::clone(&service), config(3_000), 1);
+    let worker = leasehold::Identity::new("worker-7").unwrap();
+    let first = set.acquire("first").await.unwrap();
+    let named = set
+        .acquire_with(
+            "named",
+            leasehold_tokio::AcquireOptions::new().identity(worker),
+        )
+        .await
+        .unwrap();
+    let after = set.acquire("after").await.unwrap();
+
+    let default = service.grant("first").unwrap().identity;
+    assert!(
+        default
+            .as_str()
+            .ends_with(&format!(":{}", std::process::id())),
+        "{default}"
+    );
+    assert_eq!(service.grant("named").unwrap().identity, worker);
+    assert_eq!(service.grant("after").unwrap().identity, default);
+    drop((first, named, after));
+}

@@ -878,3 +878,30 @@ async fn stats_count_retries_as_they_happen_and_the_core_counters_stay_zero() {
     assert_eq!(a_stats.core, Stats::default(), "{a_stats:?}");
     assert_eq!(a_stats.renewal_retries, 2);
 }
+
+// ----- who holds it -----
+
+/// A grant names its holder: the identity the acquire names, or else this process's
+/// `host:pid`, which every lease that names none shares.
+#[tokio::test(start_paused = true)]
+async fn a_grant_names_the_acquires_identity_or_else_host_and_pid() {
+    let service = Recording::new();
+    let worker = leasehold::Identity::new("worker-7").unwrap();
+    let plain = acquire(Arc::clone(&service), "plain", config(3_000))
+        .await
+        .unwrap();
+    let named = acquire_with(
+        Arc::clone(&service),
+        "named",
+        config(3_000),
+        AcquireOptions::new().identity(worker),
+    )
+    .await
+    .unwrap();
+
+    let pid = format!(":{}", std::process::id());
+    let plain_holder = service.grant("plain").unwrap().identity;
+    assert!(plain_holder.as_str().ends_with(&pid), "{plain_holder}");
+    assert_eq!(service.grant("named").unwrap().identity, worker);
+    drop((plain, named));
+}
