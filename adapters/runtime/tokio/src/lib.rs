@@ -20,6 +20,7 @@ mod task;
 mod time;
 mod trace;
 mod turns;
+mod waiters;
 
 pub use acquire::{acquire, acquire_with, try_acquire, AcquireError, AcquireOptions};
 pub use election::{

@@ -13,17 +13,16 @@ use std::sync::Arc;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 
-use futures_util::task::AtomicWaker;
-
 use leasehold::{
     AcquireFailure, Config, Event, Fence, GateError, Holder, Identity, Instant, LossReason, Owner,
     OwnerToken, Stats, Term, WriteGate,
 };
 use leasehold_driver::Report;
-use tokio::sync::{broadcast, watch, Notify};
+use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::set::Inboxes;
+use crate::waiters::{self, Waiters};
 use crate::{metrics, trace, LeaseClock, LeaseEnd, LeaseState, LeaseStats, TimedEvent};
 
 /// How many events a late [`events`](crate::LeaseHandle::events) subscriber can lag
@@ -98,11 +97,6 @@ pub(crate) struct Shared {
     pub(crate) slot: AtomicU32,
     /// Live [`LeaseHandle`](crate::LeaseHandle)s; the last one to go releases.
     pub(crate) handles: AtomicUsize,
-    /// Wakes the driver for a release; the driver's release future is
-    /// [`ReleaseWanted`], 8 bytes, where a `Notified` would add 64 to every lease.
-    release_waker: AtomicWaker,
-    /// Wakes everyone who waits on [`Status`] (acquire, `lost()`, `release()`).
-    changed: Notify,
     status: Mutex<Status>,
 }
 
@@ -121,6 +115,9 @@ struct Status {
     /// Created on first use: most leases are never observed and never wait for a
     /// holder, and inline these would cost every lease 112 bytes.
     rare: Option<Box<Rare>>,
+    /// The driver, waiting for a release, and the handles' futures, waiting for any
+    /// change: woken under this lock, which every change takes anyway.
+    waiters: Waiters,
     /// The grant's term, once granted.
     term: Option<Term>,
     phase: Phase,
@@ -197,13 +194,12 @@ impl Shared {
             driver: AtomicU16::new(0),
             slot: AtomicU32::new(0),
             handles: AtomicUsize::new(0),
-            release_waker: AtomicWaker::new(),
-            changed: Notify::new(),
             status: Mutex::new(Status {
                 deadline: Instant::ZERO,
                 fence: Fence(0),
                 stats: LeaseStats::default(),
                 rare: None,
+                waiters: Waiters::default(),
                 term: None,
                 phase: Phase::Acquiring,
                 end: None,
@@ -277,8 +273,8 @@ impl Shared {
                 return;
             }
             end_once(&mut status, LeaseEnd::Lost(reason));
+            status.waiters.wake_handles();
         }
-        self.changed.notify_waiters();
     }
 
     pub(crate) fn end(&self) -> Option<LeaseEnd> {
@@ -363,17 +359,18 @@ impl Shared {
 
     /// Waits until `ready` says yes, re-checking after every change.
     pub(crate) async fn wait_for<T>(&self, ready: impl Fn(&Shared) -> Option<T>) -> T {
-        loop {
-            let changed = self.changed.notified();
-            let mut changed = std::pin::pin!(changed);
-            // Register before looking, so a change between the look and the await
+        let waiter = Waiter {
+            shared: self,
+            id: waiters::next_id(),
+        };
+        std::future::poll_fn(|cx| {
+            // Register before looking, so a change between the look and the return
             // still wakes us.
-            changed.as_mut().enable();
-            if let Some(value) = ready(self) {
-                return value;
-            }
-            changed.await;
-        }
+            self.status().waiters.register(waiter.id, cx.waker());
+            ready(self).map_or(Poll::Pending, Poll::Ready)
+        })
+        .await
+        // `waiter` leaves the list here, or wherever the future is dropped.
     }
 
     /// Completes once a release was requested (or the driver is gone); the driver's
@@ -387,7 +384,7 @@ impl Shared {
     /// only while no acquire attempt is in flight.
     pub(crate) fn poll_release(&self, cx: &mut Context<'_>) -> Poll<()> {
         // Register first, then look: a request in between still wakes us.
-        self.release_waker.register(cx.waker());
+        self.status().waiters.register_driver(cx.waker());
         if self.stop.load(Ordering::Acquire) == stop::NONE {
             Poll::Pending
         } else {
@@ -415,7 +412,7 @@ impl Shared {
             self.gate.check(self.clock().now()),
             Err(GateError::DeadlinePassed { .. })
         );
-        let first = {
+        let (first, driver) = {
             let mut status = self.status();
             let first = status.end.is_none();
             if first && expired {
@@ -424,13 +421,17 @@ impl Shared {
                 end_once(&mut status, LeaseEnd::Released);
                 set_state(&mut status, LeaseState::Releasing);
             }
-            first
+            status.waiters.wake_handles();
+            (first, status.waiters.take_driver())
         };
         if first {
             trace::release_requested(&self.key, self.token(), why);
         }
-        self.changed.notify_waiters();
-        self.release_waker.wake();
+        // Woken outside the lock: a set's lease is its own driver's waker, and
+        // queues itself in the driver's inbox.
+        if let Some(driver) = driver {
+            driver.wake();
+        }
     }
 
     /// The driver reported `report` at `at`: update the state, tell subscribers.
@@ -521,19 +522,20 @@ impl Shared {
                 // No receiver left is fine: nobody listens.
                 let _ = events.send(timed);
             }
+            status.waiters.wake_handles();
         }
-        self.changed.notify_waiters();
     }
 
     /// The driver task is over (returned, panicked, or dropped with its runtime). If the
     /// term had not ended, it ends now: nothing renews the lease any more.
     pub(crate) fn finish(&self) {
-        // Nothing waits for a release any more. In a set, the waker is this lease
-        // itself, which would otherwise keep itself in memory for good.
-        drop(self.release_waker.take());
-        let stopped = {
+        let (stopped, driver) = {
             let mut status = self.status();
             status.finished = true;
+            // Nothing waits for a release any more. In a set, the waker is this lease
+            // itself, which would otherwise keep itself in memory for good; it is
+            // dropped outside the lock, which its drop may take.
+            let driver = status.waiters.take_driver();
             // A term that ended without a grant (refused, or the wait bound ran out)
             // ended normally: nothing was held, nothing stopped early.
             let stopped = status.end.is_none() && status.not_acquired.is_none();
@@ -542,13 +544,26 @@ impl Shared {
                 end_once(&mut status, LeaseEnd::DriverStopped);
                 set_state(&mut status, LeaseState::DriverStopped);
             }
-            stopped
+            status.waiters.wake_handles();
+            (stopped, driver)
         };
+        drop(driver);
         if stopped {
             trace::driver_stopped(&self.key, self.token());
             metrics::driver_stopped();
         }
-        self.changed.notify_waiters();
+    }
+}
+
+/// A handle's future registered in [`Waiters`]; leaves the list when it goes.
+struct Waiter<'a> {
+    shared: &'a Shared,
+    id: waiters::WaiterId,
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        self.shared.status().waiters.remove(self.id);
     }
 }
 

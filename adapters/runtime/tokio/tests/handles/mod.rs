@@ -747,6 +747,38 @@ async fn a_revoked_lease_names_its_reason_at_the_first_refusal() {
     );
 }
 
+/// Two waits on one lease in one task (a `join!` over `lost()` and a timeout of it,
+/// say): giving up on one leaves the other woken by the end, at once, not at the
+/// task's next wake-up for something else.
+#[tokio::test(start_paused = true)]
+async fn a_wait_given_up_leaves_the_other_wait_of_its_task_woken() {
+    let service = Recording::new();
+    let lease = acquire(service.clone(), KEY, config(900)).await.unwrap();
+    let start = tokio::time::Instant::now();
+    let revoke = service.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(ms(500)).await;
+        revoke.revoke(KEY).unwrap();
+    });
+    let waits = async {
+        tokio::time::sleep(ms(10)).await;
+        let end = lease.lost().await;
+        (end, start.elapsed())
+    };
+    let given_up = async {
+        let waited = tokio::time::timeout(ms(100), lease.lost()).await;
+        assert!(waited.is_err(), "nothing ended the lease yet");
+    };
+    // The wait given up on began first; `waits` is polled first, so after the other
+    // wait goes at 100 ms, nothing but the end wakes this task.
+    let ((end, at), ()) = within(3_000, async { tokio::join!(biased; waits, given_up) }).await;
+    assert_eq!(end, LeaseEnd::Lost(LossReason::Revoked));
+    assert!(
+        at < ms(510),
+        "lost() completed {at:?} after the acquire, the revocation came at 500 ms"
+    );
+}
+
 /// Fail-closed pauses writes while a renewal's outcome is unknown; once the deadline
 /// has passed too, no renewal can lift the pause, and `check()` says so at once
 /// instead of a temporary `Paused`.
