@@ -12,7 +12,7 @@ use leasehold::{
 use leasehold_driver::LockService;
 
 use crate::shared::{Common, Shared};
-use crate::{task, trace, turns, LeaseClock, LeaseHandle, LeaseState};
+use crate::{task, trace, turns, LeaseHandle, LeaseState};
 
 /// Options for [`acquire_with`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -243,12 +243,7 @@ where
 {
     let key: Box<str> = key.into();
     async move {
-        let common = Arc::new(Common {
-            config,
-            clock: LeaseClock::start(),
-            identity: options.identity.map_or_else(default_identity, Arc::new),
-            drivers: None,
-        });
+        let common = Common::for_task(config, options.identity);
         start(&service, key, common, options, |shared, give_up_at| {
             task::spawn(shared, service.clone(), give_up_at);
         })

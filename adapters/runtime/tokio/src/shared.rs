@@ -44,9 +44,10 @@ pub(crate) enum StopCause {
 }
 
 /// What every lease started the same way shares: a [`LeaseSet`](crate::LeaseSet)'s
-/// leases share one (unless an acquire names its own identity), a task per lease has
-/// its own. Kept apart so that a set's lease does not carry 88 bytes that are the
-/// same in all of them.
+/// leases share one (unless an acquire names its own identity), and so do the tasks
+/// per lease started on one thread with the same config and identity (see
+/// [`for_task`](Common::for_task)). Kept apart so that a lease does not carry
+/// 88 bytes that are the same in all of them.
 #[derive(Debug)]
 pub(crate) struct Common {
     pub(crate) config: Config,
@@ -60,6 +61,41 @@ pub(crate) struct Common {
 }
 
 impl Common {
+    /// The block of a task per lease with `config` and `identity` (the process's
+    /// default when `None`): the last one made on this thread while a lease still
+    /// uses it and it matches, else a new one, whose clock starts now.
+    ///
+    /// A lease's clock may start before the lease (as a set's does): the core only
+    /// compares instants of one lease. It must not start after *now*, though, which
+    /// it could under another runtime whose paused clock is behind (every runtime
+    /// has its own virtual clock, and a thread may run one after another): the lease
+    /// would see no time pass until that runtime caught up. Such a block is not
+    /// shared.
+    pub(crate) fn for_task(config: Config, identity: Option<Identity>) -> Arc<Common> {
+        thread_local! {
+            static LAST: std::cell::RefCell<std::sync::Weak<Common>> =
+                const { std::cell::RefCell::new(std::sync::Weak::new()) };
+        }
+        let identity = identity.map_or_else(crate::acquire::default_identity, Arc::new);
+        let now = tokio::time::Instant::now();
+        LAST.with_borrow_mut(|last| {
+            if let Some(common) = last.upgrade() {
+                let same = common.config == config && common.identity == identity;
+                if same && common.clock.origin() <= now && common.drivers.is_none() {
+                    return common;
+                }
+            }
+            let common = Arc::new(Common {
+                config,
+                clock: LeaseClock::starting_at(now),
+                identity,
+                drivers: None,
+            });
+            *last = Arc::downgrade(&common);
+            common
+        })
+    }
+
     /// `self`, or a copy with `identity` (the process's default when `None`) when it
     /// differs.
     pub(crate) fn with_identity(self: &Arc<Common>, identity: Option<Identity>) -> Arc<Common> {
@@ -624,11 +660,32 @@ fn set_state(status: &mut Status, state: LeaseState) {
 
 #[cfg(test)]
 mod tests {
-    use leasehold::{AcquireOutcome, Action, Fence, Lease, LossReason};
+    use std::sync::Arc;
 
-    use super::Shared;
+    use leasehold::{AcquireOutcome, Action, Config, Fence, Identity, Lease, LossReason};
+
+    use super::{Common, Shared};
     use crate::state::LeaseEnd;
     use crate::trace::ReleaseWhy;
+
+    /// Tasks started on one thread with the same config and identity keep one config
+    /// block between them, as a set's leases do, not 104 B each; another config or
+    /// identity gets its own.
+    #[tokio::test(start_paused = true)]
+    async fn tasks_with_one_config_and_identity_share_one_block() {
+        let config = Config::builder(leasehold::Duration::from_secs(3))
+            .build()
+            .unwrap();
+        let first = Common::for_task(config, None);
+        let second = Common::for_task(config, None);
+        assert!(Arc::ptr_eq(&first, &second));
+        let named = Common::for_task(config, Some(Identity::lossy("worker-7")));
+        assert!(!Arc::ptr_eq(&first, &named));
+        let longer = Config::builder(leasehold::Duration::from_secs(30))
+            .build()
+            .unwrap();
+        assert!(!Arc::ptr_eq(&first, &Common::for_task(longer, None)));
+    }
 
     /// A client paused past its safe deadline asks to release before its driver has
     /// run: the term ended by expiry, and that is what every handle must say.

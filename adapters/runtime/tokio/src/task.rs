@@ -176,9 +176,9 @@ mod tests {
     /// task at 640 B, which holds because requests are boxed ([`super::Boxed`]). The
     /// lease's `tracing` span (feature `tracing`, on by default) adds 40 B to the
     /// task, which runs inside it. The shared state keeps who waits for the lease in
-    /// 24 B under its lock ([`crate::waiters`]). A task's lease also has its own
-    /// config, clock and identity ([`Common`]), which point to the process's default
-    /// identity rather than keeping one.
+    /// 24 B under its lock ([`crate::waiters`]). The config, clock and identity
+    /// ([`Common`]) are shared by the tasks started on one thread the same way, and
+    /// point to the process's default identity rather than keeping one.
     /// CHANGELOG.md records what each size change bought.
     #[tokio::test]
     async fn a_lease_task_and_its_shared_state_stay_small() {

@@ -1,9 +1,10 @@
 //! The one place where tokio's clock meets the core's: conversions both ways, and the
 //! [`Clock`] the shared driver sleeps on.
 //!
-//! Each lease takes its own origin when it starts instead of sharing a process-wide
-//! one: tokio's paused-time tests give every runtime its own virtual clock, so an origin
-//! taken under one runtime would be meaningless under the next. Only differences
+//! A clock's origin is when its first lease started (a set's, when the set was made;
+//! tasks started on one thread with the same config share one), not one for the
+//! process: tokio's paused-time tests give every runtime its own virtual clock, so an
+//! origin taken under one runtime may lie in the future of the next. Only differences
 //! between instants of the *same* lease matter to the core.
 
 use std::future::Future;
@@ -15,7 +16,8 @@ use leasehold_driver::Clock;
 const FAR_FUTURE: std::time::Duration = std::time::Duration::from_secs(86_400 * 365 * 30);
 
 /// A lease's monotonic clock: tokio's [`Instant`](tokio::time::Instant) measured from
-/// the moment the lease started, plus the time the machine was suspended since then.
+/// the clock's origin (at or before the moment the lease started), plus the time the
+/// machine was suspended since then.
 ///
 /// Honours tokio's paused time (`start_paused`, `tokio::time::advance`), so a lease
 /// driven on a virtual clock checks its gate against that same virtual clock. Reading it
@@ -249,7 +251,7 @@ mod tests {
         assert_eq!(now, leasehold::Instant::from_micros(1_500));
         assert_eq!(clock.to_tokio(now), tokio::time::Instant::now());
 
-        // A second lease started later has its own origin.
+        // A clock started later has its own origin.
         let later = LeaseClock::start();
         assert_eq!(later.now(), leasehold::Instant::ZERO);
         assert_eq!(later.to_lease(clock.origin()), leasehold::Instant::ZERO);

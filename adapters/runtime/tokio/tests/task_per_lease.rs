@@ -50,3 +50,50 @@ fn an_acquire_whose_task_is_dropped_unpolled_ends_as_driver_stopped() {
         "{outcome:?}"
     );
 }
+
+/// Tasks started on one thread with the same config share their config block and its
+/// clock, which starts before most of them: harmless, the core only compares instants
+/// of one lease. But every runtime has its own paused clock, and one thread may run
+/// several: a lease started under a runtime whose clock is behind the block's start
+/// must get a clock of its own, or it sees no time pass. It would then never renew,
+/// and its `check()` would pass long after the service let the key go.
+#[test]
+fn a_lease_under_a_runtime_whose_clock_is_behind_keeps_time_and_its_key() {
+    use std::sync::Arc;
+
+    use leasehold_tokio::memory::MemoryService;
+
+    let paused = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+    };
+    let config = common::config(900);
+    // A lease under a runtime an hour ahead, held while the next one starts.
+    let ahead = paused();
+    let first = ahead.block_on(async {
+        tokio::time::advance(common::ms(3_600_000)).await;
+        let service = Arc::new(MemoryService::new());
+        shape::acquire(service, "a", config).await.unwrap()
+    });
+    paused().block_on(async {
+        let service = Arc::new(MemoryService::new());
+        let lease = shape::acquire(service.clone(), "b", config).await.unwrap();
+        let started = lease.clock().now();
+        for _ in 0..10 {
+            tokio::time::sleep(common::ms(900)).await;
+            assert_eq!(
+                lease.check(),
+                Ok(lease.granted_fence()),
+                "held after renewals"
+            );
+            let contender = shape::try_acquire(service.clone(), "b", config).await;
+            assert!(contender.is_err(), "a second holder of the key");
+        }
+        let elapsed = lease.clock().now().checked_duration_since(started);
+        assert_eq!(elapsed, Some(leasehold::Duration::from_secs(9)));
+    });
+    drop(first);
+}
