@@ -80,7 +80,7 @@ impl LeaseClock {
     }
 
     /// `at` on this clock, counting the suspends up to now. Instants before the origin
-    /// map to the origin (the core never sees time before its lease started);
+    /// map to the origin (no lease on this clock started before it);
     /// microseconds are truncated.
     pub fn to_lease(&self, at: tokio::time::Instant) -> leasehold::Instant {
         let since = at
