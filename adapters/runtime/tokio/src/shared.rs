@@ -399,10 +399,13 @@ impl Shared {
             shared: self,
             id: waiters::next_id(),
         };
+        let mut at = 0;
         std::future::poll_fn(|cx| {
             // Register before looking, so a change between the look and the return
             // still wakes us.
-            self.status().waiters.register(waiter.id, cx.waker());
+            self.status()
+                .waiters
+                .register(waiter.id, cx.waker(), &mut at);
             ready(self).map_or(Poll::Pending, Poll::Ready)
         })
         .await

@@ -42,19 +42,33 @@ impl Waiters {
         self.driver.take()
     }
 
-    /// The future `id` waits with `waker`, until [`remove`](Self::remove)d.
-    pub(crate) fn register(&mut self, id: WaiterId, waker: &Waker) {
+    /// The future `id` waits with `waker`, until [`remove`](Self::remove)d. `at` is
+    /// where it was found last time: every change wakes every waiting future, which
+    /// registers again, so a lease watched by a thousand tasks must not search its
+    /// list a thousand times each.
+    pub(crate) fn register(&mut self, id: WaiterId, waker: &Waker, at: &mut usize) {
         let handles = self.handles.get_or_insert_with(Box::default);
-        match handles.iter_mut().find(|(waiting, _)| *waiting == id) {
-            Some((_, registered)) => register_waker(registered, waker),
-            None => handles.push((id, waker.clone())),
+        if handles.get(*at).is_none_or(|(waiting, _)| *waiting != id) {
+            match handles.iter().position(|(waiting, _)| *waiting == id) {
+                Some(found) => *at = found,
+                None => {
+                    *at = handles.len();
+                    handles.push((id, waker.clone()));
+                    return;
+                }
+            }
+        }
+        if let Some((_, registered)) = handles.get_mut(*at) {
+            register_waker(registered, waker);
         }
     }
 
     /// The future `id` stopped waiting (it completed, or was dropped).
     pub(crate) fn remove(&mut self, id: WaiterId) {
         if let Some(handles) = &mut self.handles {
-            handles.retain(|(waiting, _)| *waiting != id);
+            if let Some(at) = handles.iter().position(|(waiting, _)| *waiting == id) {
+                handles.swap_remove(at);
+            }
             if handles.is_empty() {
                 self.handles = None;
             }
@@ -62,6 +76,7 @@ impl Waiters {
     }
 
     /// Something changed: every waiting future looks again. They stay registered.
+    /// Woken under the lease's lock: `wake_by_ref` neither polls nor drops a task.
     pub(crate) fn wake_handles(&self) {
         for (_, waker) in self.handles.iter().flat_map(|handles| handles.iter()) {
             waker.wake_by_ref();
@@ -111,10 +126,14 @@ mod tests {
     fn a_waiter_that_finishes_leaves_the_others_of_its_task_registered() {
         let (count, waker) = counter();
         let mut waiters = Waiters::default();
-        waiters.register(1, &waker);
-        waiters.register(2, &waker);
-        waiters.register(1, &waker);
+        let (mut first, mut second) = (0, 0);
+        waiters.register(1, &waker, &mut first);
+        waiters.register(2, &waker, &mut second);
+        waiters.register(1, &waker, &mut first);
         waiters.remove(1);
+        // Moved by the removal: found again where it is now.
+        waiters.register(2, &waker, &mut second);
+        assert_eq!(waiters.handles.as_ref().map(|handles| handles.len()), Some(1));
         waiters.wake_handles();
         assert_eq!(count.0.load(Ordering::Relaxed), 1);
         waiters.remove(2);
