@@ -1,8 +1,8 @@
-//! Who waits to hear of one lease: its driver, for a release request, and the
-//! futures of its handles (an acquire, `lost()`, `release()`, `settled()`), for any
-//! change. Kept under the lease's status lock in 24 B: tokio's `Notify` and an
-//! `AtomicWaker` beside the lock cost every lease 56 B, and once granted most leases
-//! have nobody waiting but their driver.
+//! Who waits to hear of one lease: the futures of its handles (an acquire, `lost()`,
+//! `release()`, `settled()`), each woken by any change. Kept under the lease's status
+//! lock behind one pointer, allocated only while a future waits: a tokio `Notify`
+//! beside the lock cost every lease 32 B, and once granted most leases have no handle
+//! waiting.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Waker;
@@ -18,12 +18,9 @@ pub(crate) fn next_id() -> WaiterId {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
+/// The waiting futures, each until it completes or is dropped.
 #[derive(Default)]
 pub(crate) struct Waiters {
-    /// The driver's waker while it waits for a release; taken by the wake-up.
-    driver: Option<Waker>,
-    /// The handles' futures that wait, each until it completes or is dropped; only
-    /// allocated while one waits.
     #[allow(
         clippy::box_collection,
         reason = "a thin pointer: 8 B in every lease where a `Vec` takes 24 B"
@@ -32,16 +29,6 @@ pub(crate) struct Waiters {
 }
 
 impl Waiters {
-    /// The driver waits for a release with `waker`.
-    pub(crate) fn register_driver(&mut self, waker: &Waker) {
-        register(&mut self.driver, waker);
-    }
-
-    /// The driver's waker, to wake it for a release; it registers again when polled.
-    pub(crate) fn take_driver(&mut self) -> Option<Waker> {
-        self.driver.take()
-    }
-
     /// The future `id` waits with `waker`, until [`remove`](Self::remove)d. `at` is
     /// where it was found last time: every change wakes every waiting future, which
     /// registers again, so a lease watched by a thousand tasks must not search its
@@ -59,7 +46,10 @@ impl Waiters {
             }
         }
         if let Some((_, registered)) = handles.get_mut(*at) {
-            register_waker(registered, waker);
+            // The same future polled again usually has the same waker: no clone.
+            if !registered.will_wake(waker) {
+                registered.clone_from(waker);
+            }
         }
     }
 
@@ -77,25 +67,10 @@ impl Waiters {
 
     /// Something changed: every waiting future looks again. They stay registered.
     /// Woken under the lease's lock: `wake_by_ref` neither polls nor drops a task.
-    pub(crate) fn wake_handles(&self) {
+    pub(crate) fn wake_all(&self) {
         for (_, waker) in self.handles.iter().flat_map(|handles| handles.iter()) {
             waker.wake_by_ref();
         }
-    }
-}
-
-fn register(slot: &mut Option<Waker>, waker: &Waker) {
-    match slot {
-        Some(registered) => register_waker(registered, waker),
-        None => *slot = Some(waker.clone()),
-    }
-}
-
-/// Replaces `registered` with `waker`, unless both wake the same task (the common
-/// case: the same future polled again), which saves a clone.
-fn register_waker(registered: &mut Waker, waker: &Waker) {
-    if !registered.will_wake(waker) {
-        registered.clone_from(waker);
     }
 }
 
@@ -133,8 +108,11 @@ mod tests {
         waiters.remove(1);
         // Moved by the removal: found again where it is now.
         waiters.register(2, &waker, &mut second);
-        assert_eq!(waiters.handles.as_ref().map(|handles| handles.len()), Some(1));
-        waiters.wake_handles();
+        assert_eq!(
+            waiters.handles.as_ref().map(|handles| handles.len()),
+            Some(1)
+        );
+        waiters.wake_all();
         assert_eq!(count.0.load(Ordering::Relaxed), 1);
         waiters.remove(2);
         assert!(waiters.handles.is_none());
