@@ -43,7 +43,7 @@ use leasehold::{
 };
 use leasehold_driver::LockService;
 use leasehold_test_support::bench::{
-    bench_setting, load_average, process_cpu_time, quantile, Lateness,
+    bench_setting, load_average, process_cpu_time, quantile, rss_bytes, Lateness,
 };
 use leasehold_tokio::memory::MemoryService;
 use leasehold_tokio::{acquire, LeaseEnd, LeaseHandle, LeaseSet};
@@ -393,14 +393,6 @@ impl Percentiles {
 
 fn ms(us: u32) -> String {
     format!("{:.2} ms", f64::from(us) / 1_000.0)
-}
-
-/// Resident set size, from /proc (0 where there is none).
-fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .map_or(0, |pages| pages * 4_096)
 }
 
 /// Lateness over time in 10 ms buckets of send time, to stderr: periodic spikes show.

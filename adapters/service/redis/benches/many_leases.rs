@@ -13,9 +13,11 @@
 //! work is the Redis server. It reports the **renew lateness** (how long after its
 //! schedule, previous send + renew interval, each renewal was sent: p50/p99/max), the
 //! renewals per second the server confirmed, client CPU per renewal (process
-//! user + system time over the held period, divided by renewals), renewal retries, and
-//! **losses**: leases whose term ended while held. Any loss fails the run, in smoke
-//! mode too (`scripts/bench-smoke.sh`).
+//! user + system time over the held period, divided by renewals), the client's heap
+//! and RSS per lease (a counting allocator; the growth while the leases were
+//! acquired, their handles and the renewals in flight at the end included), renewal
+//! retries, and **losses**: leases whose term ended while held. Any loss fails the
+//! run, in smoke mode too (`scripts/bench-smoke.sh`).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -28,10 +30,14 @@ use leasehold::{
 use leasehold_driver::LockService;
 use leasehold_redis::RedisLockService;
 use leasehold_test_support::bench::{
-    bench_setting, load_average, process_cpu_time, quantile, Lateness,
+    bench_setting, load_average, process_cpu_time, quantile, rss_bytes, Lateness,
 };
 use leasehold_test_support::RedisServer;
 use leasehold_tokio::{acquire, LeaseHandle, LeaseSet};
+use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
 
 const TTL: StdDuration = StdDuration::from_secs(3);
 
@@ -97,8 +103,8 @@ fn main() {
         TTL.as_millis(),
         load_average()
     );
-    println!("| leases | renew lateness p50 / p99 / max | renewals/s | client CPU per renewal | renewal retries | losses |");
-    println!("|---:|---|---:|---:|---:|---:|");
+    println!("| leases | renew lateness p50 / p99 / max | renewals/s | client CPU per renewal | heap / RSS per lease | renewal retries | losses |");
+    println!("|---:|---|---:|---:|---:|---:|---:|");
     println!("{report}");
     assert_eq!(report.losses, 0, "leases were lost while held");
 }
@@ -108,6 +114,8 @@ struct Report {
     lateness: [u32; 3],
     renewals_per_sec: f64,
     cpu_per_renewal_us: f64,
+    heap_per_lease: f64,
+    rss_per_lease: f64,
     retries: u64,
     losses: usize,
 }
@@ -117,8 +125,14 @@ impl std::fmt::Display for Report {
         let [p50, p99, max] = self.lateness.map(|us| f64::from(us) / 1_000.0);
         write!(
             f,
-            "| {} | {p50:.2} / {p99:.2} / {max:.2} ms | {:.0} | {:.1} µs | {} | {} |",
-            self.n, self.renewals_per_sec, self.cpu_per_renewal_us, self.retries, self.losses
+            "| {} | {p50:.2} / {p99:.2} / {max:.2} ms | {:.0} | {:.1} µs | {:.0} / {:.0} B | {} | {} |",
+            self.n,
+            self.renewals_per_sec,
+            self.cpu_per_renewal_us,
+            self.heap_per_lease,
+            self.rss_per_lease,
+            self.retries,
+            self.losses
         )
     }
 }
@@ -136,25 +150,32 @@ async fn hold(url: &str, n: usize, held: StdDuration, ramp: StdDuration) -> Repo
 
     // Start the leases spread evenly over `ramp` (one renew interval unless
     // `LEASEHOLD_BENCH_RAMP_MS` says), each acquire in a task of its own (awaiting them
-    // in turn would pace the starts by round trips).
-    let start = tokio::time::Instant::now();
+    // in turn would pace the starts by round trips). What the bench itself keeps is
+    // allocated before the heap is counted.
+    let keys: Vec<String> = (0..n).map(|i| format!("lease-{i}")).collect();
     let mut starting = Vec::with_capacity(n);
-    for i in 0..n {
+    let mut leases: Vec<LeaseHandle> = Vec::with_capacity(n);
+    let rss_before = rss_bytes();
+    let heap = Region::new(GLOBAL);
+    let start = tokio::time::Instant::now();
+    for (i, key) in keys.iter().enumerate() {
         let at = start + ramp.mul_f64(i as f64 / n as f64);
         if at > tokio::time::Instant::now() + StdDuration::from_millis(1) {
             tokio::time::sleep_until(at).await;
         }
-        let key = format!("lease-{i}");
         starting.push(if per_task {
-            tokio::spawn(acquire(schedule.clone(), &key, config))
+            tokio::spawn(acquire(schedule.clone(), key, config))
         } else {
-            tokio::spawn(set.acquire(&key))
+            tokio::spawn(set.acquire(key))
         });
     }
-    let mut leases: Vec<LeaseHandle> = Vec::with_capacity(n);
-    for acquire in starting {
+    for acquire in starting.drain(..) {
         leases.push(acquire.await.unwrap().expect("acquire"));
     }
+    let heap = heap.change();
+    let live =
+        heap.bytes_allocated as f64 - heap.bytes_deallocated as f64 + heap.bytes_reallocated as f64;
+    let rss = rss_bytes().saturating_sub(rss_before) as f64;
 
     // One interval to settle, then the held period.
     tokio::time::sleep(interval).await;
@@ -176,6 +197,8 @@ async fn hold(url: &str, n: usize, held: StdDuration, ramp: StdDuration) -> Repo
         lateness: [0.5, 0.99, 1.0].map(|q| quantile(&lateness, q)),
         renewals_per_sec: lateness.len() as f64 / held.as_secs_f64(),
         cpu_per_renewal_us: cpu.as_secs_f64() * 1e6 / lateness.len().max(1) as f64,
+        heap_per_lease: live / n as f64,
+        rss_per_lease: rss / n as f64,
         retries,
         losses,
     };

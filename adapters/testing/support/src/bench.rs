@@ -34,6 +34,14 @@ pub fn process_cpu_time() -> Duration {
     Duration::from_micros(micros(usage.user_time()) + micros(usage.system_time()))
 }
 
+/// The process's resident set size, from /proc (0 where there is none).
+pub fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4_096)
+}
+
 /// The 1-minute load average: other work on the machine shows in latencies, so every
 /// figure is printed with it.
 pub fn load_average() -> String {
