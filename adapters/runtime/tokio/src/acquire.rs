@@ -272,6 +272,7 @@ pub(crate) async fn start<S: LockService + 'static>(
     // another pid.
     let common = common.with_identity(options.identity);
     let (config, clock) = (common.config, common.clock);
+    let began = clock.now();
     // The wait bound counts from the call, the wait for our turn included. A zero
     // bound is one attempt (`flock -n`), awaited for up to the request timeout; any
     // other bound is hard: the acquire returns at it, an attempt in flight or not.
@@ -280,13 +281,13 @@ pub(crate) async fn start<S: LockService + 'static>(
         .filter(|wait| !wait.is_zero())
         .and_then(|wait| tokio::time::Instant::now().checked_add(wait));
     let give_up_at = match options.max_wait {
-        Some(wait) => clock.now().saturating_add(leasehold::Duration::from(wait)),
+        Some(wait) => began.saturating_add(leasehold::Duration::from(wait)),
         None => leasehold::Instant::MAX,
     };
     if options.yield_after_release {
         wait_for_turn(service, &key, config, options.max_wait).await;
     }
-    let shared = Arc::new(Shared::new(key, owner, common));
+    let shared = Arc::new(Shared::new(key, owner, common, began));
     let mut attempt = Attempt(Some(Arc::clone(&shared)));
     drive(Arc::clone(&shared), give_up_at);
 

@@ -37,7 +37,8 @@ mod on {
         d.as_micros() as f64 / 1e6
     }
 
-    pub(crate) fn event(key: &str, timed: &TimedEvent, rtt: Option<Duration>) {
+    /// `took`: a renewal's round trip, an acquire's wait.
+    pub(crate) fn event(key: &str, timed: &TimedEvent, took: Option<Duration>) {
         let now = timed.lease_time;
         let margin = |deadline: leasehold::Instant| {
             let left = deadline
@@ -48,11 +49,7 @@ mod on {
         match timed.event {
             Event::Acquired { deadline, .. } => {
                 counter!(ACQUIRES, "result" => "granted").increment(1);
-                // The lease's clock starts when the acquire does.
-                histogram!(ACQUIRE_WAIT).record(seconds(
-                    now.checked_duration_since(leasehold::Instant::ZERO)
-                        .unwrap_or(Duration::ZERO),
-                ));
+                histogram!(ACQUIRE_WAIT).record(seconds(took.unwrap_or(Duration::ZERO)));
                 margin(deadline);
             }
             Event::AcquireFailed {
@@ -70,7 +67,7 @@ mod on {
             }
             Event::Renewed { deadline, .. } => {
                 counter!(RENEWALS).increment(1);
-                if let Some(rtt) = rtt {
+                if let Some(rtt) = took {
                     histogram!(RENEWAL_RTT).record(seconds(rtt));
                 }
                 margin(deadline);

@@ -149,7 +149,9 @@ pub(crate) struct Shared {
 /// a held state's fence is always the grant's, and a whole `LeaseState` beside the
 /// grant would cost every lease 24 more bytes.
 struct Status {
-    /// The deadline of a held state.
+    /// The deadline of a held state; before the grant, when the acquire began (its
+    /// wait is reported from there: the lease's clock may have started long before,
+    /// with its set or with another task's lease).
     deadline: Instant,
     /// The grant's fence, once granted; also the fence of a held state.
     fence: Fence,
@@ -226,7 +228,8 @@ impl Status {
 }
 
 impl Shared {
-    pub(crate) fn new(key: Box<str>, owner: Owner, common: Arc<Common>) -> Shared {
+    /// A lease whose acquire began at `began` (on `common`'s clock).
+    pub(crate) fn new(key: Box<str>, owner: Owner, common: Arc<Common>, began: Instant) -> Shared {
         Shared {
             gate: WriteGate::new(),
             common,
@@ -239,7 +242,7 @@ impl Shared {
             handles: AtomicUsize::new(0),
             release_waker: AtomicWaker::new(),
             status: Mutex::new(Status {
-                deadline: Instant::ZERO,
+                deadline: began,
                 fence: Fence(0),
                 stats: LeaseStats::default(),
                 rare: None,
@@ -286,7 +289,12 @@ impl Shared {
             identity: Arc::new(Identity::EMPTY),
             drivers: None,
         });
-        Arc::new(Shared::new("k".into(), Owner([0; 16]), common))
+        Arc::new(Shared::new(
+            "k".into(),
+            Owner([0; 16]),
+            common,
+            Instant::ZERO,
+        ))
     }
 
     fn status(&self) -> MutexGuard<'_, Status> {
@@ -493,12 +501,18 @@ impl Shared {
             lease_time: self.clock().to_lease(at),
             event,
         };
-        let rtt = match event {
+        // How long the event took: a renewal's round trip, or an acquire's wait.
+        let took = match event {
             Event::Renewed { sent_at, .. } => timed.lease_time.checked_duration_since(sent_at),
+            Event::Acquired { .. } | Event::AcquireFailed { retry_at: None, .. } => {
+                // Before the grant is published, the deadline field holds the start.
+                let began = self.status().deadline;
+                timed.lease_time.checked_duration_since(began)
+            }
             _ => None,
         };
-        trace::event(&self.key, self.token(), &timed, rtt);
-        metrics::event(&self.key, &timed, rtt);
+        trace::event(&self.key, self.token(), &timed, took);
+        metrics::event(&self.key, &timed, took);
         {
             let mut status = self.status();
             match event {

@@ -68,8 +68,9 @@ mod on {
         )
     }
 
-    /// Called from the driver, inside the lease's span.
-    pub(crate) fn event(key: &str, token: OwnerToken, timed: &TimedEvent, rtt: Option<Duration>) {
+    /// Called from the driver, inside the lease's span. `took`: a renewal's round
+    /// trip, an acquire's wait.
+    pub(crate) fn event(key: &str, token: OwnerToken, timed: &TimedEvent, took: Option<Duration>) {
         let at = timed.lease_time;
         match timed.event {
             Event::Acquired {
@@ -83,7 +84,7 @@ mod on {
                     target: TARGET,
                     key, %token, fence = fence.0, ttl = ?human(granted),
                     deadline_in = ?until(at, deadline),
-                    waited = ?until(Instant::ZERO, at),
+                    waited = took.map(|d| tracing::field::debug(human(d))),
                     "lease acquired"
                 );
             }
@@ -102,12 +103,12 @@ mod on {
                 ..
             } => info!(
                 target: TARGET,
-                key, %token, %reason, waited = ?until(Instant::ZERO, at),
+                key, %token, %reason, waited = took.map(|d| tracing::field::debug(human(d))),
                 "acquire gave up"
             ),
             Event::Renewed { deadline, .. } => debug!(
                 target: TARGET,
-                key, %token, rtt = rtt.map(|d| tracing::field::debug(human(d))),
+                key, %token, rtt = took.map(|d| tracing::field::debug(human(d))),
                 deadline_in = ?until(at, deadline),
                 "lease renewed"
             ),

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use common::{config, ms, Timeline};
 use leasehold_tokio::memory::{MemoryService, Scope};
-use leasehold_tokio::{acquire, try_acquire, AcquireError, LeaseEnd, LossReason};
+use leasehold_tokio::{acquire, try_acquire, AcquireError, LeaseEnd, LeaseSet, LossReason};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use std::sync::Arc;
 
@@ -122,6 +122,26 @@ fn one_scripted_timeline_gives_these_values() {
         Some(0.8441)
     );
     assert_eq!(seen.scalars.len(), 7, "nothing else: {seen:?}");
+}
+
+/// An acquire's wait counts from the acquire, whenever the lease's clock started: a
+/// set's clock starts with the set, and tasks started the same way share one.
+#[test]
+fn an_acquire_waits_from_its_own_start_not_from_its_clock_s() {
+    let seen = record(|| async {
+        let service = Arc::new(MemoryService::new());
+        service.set_latency(Scope::All, ms(10));
+        let set = LeaseSet::new(service.clone(), config(900));
+        let first = acquire(service.clone(), "a", config(900)).await.unwrap();
+        tokio::time::sleep(ms(1_000)).await;
+        let second = acquire(service.clone(), "b", config(900)).await.unwrap();
+        let in_set = set.acquire("c").await.unwrap();
+        (first, second, in_set)
+    });
+    assert_eq!(
+        seen.histograms["leasehold_acquire_wait_seconds"],
+        [0.010, 0.010, 0.010]
+    );
 }
 
 #[test]
