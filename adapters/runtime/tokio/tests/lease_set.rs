@@ -333,14 +333,7 @@ async fn while_renewals_come_back_late_acquires_go_out_one_at_a_time() {
 
 #[test]
 fn an_acquire_on_a_set_whose_runtime_is_gone_ends_at_once_as_driver_stopped() {
-    let paused = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap()
-    };
-    let first = paused();
+    let first = common::paused_runtime();
     let set = first.block_on(async {
         let set = LeaseSet::with_drivers(Arc::new(MemoryService::new()), config(900), 1);
         // The driver runs (and holds nothing yet).
@@ -348,7 +341,7 @@ fn an_acquire_on_a_set_whose_runtime_is_gone_ends_at_once_as_driver_stopped() {
         set
     });
     drop(first); // the driver task goes with its runtime; the set does not
-    let second = paused();
+    let second = common::paused_runtime();
     // On a paused clock a hang would run into the bound at once, not after 60 s.
     let outcome =
         second.block_on(async { tokio::time::timeout(ms(60_000), set.acquire("k")).await });

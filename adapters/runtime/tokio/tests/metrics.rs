@@ -45,11 +45,7 @@ fn record<T, F: std::future::Future<Output = T>>(scenario: impl FnOnce() -> F) -
     // The snapshot is taken before the runtime (and what the scenario returned) is
     // dropped: dropping a runtime stops every lease driver, which is a loss.
     let (snapshot, _kept, _runtime) = metrics::with_local_recorder(&recorder, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let runtime = common::paused_runtime();
         let kept = runtime.block_on(scenario());
         (snapshotter.snapshot(), kept, runtime)
     });
@@ -172,11 +168,7 @@ fn a_runtime_shut_down_under_a_held_lease_counts_a_driver_stopped_loss() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let snapshot = metrics::with_local_recorder(&recorder, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let runtime = common::paused_runtime();
         let lease = runtime.block_on(async {
             acquire(Arc::new(MemoryService::new()), KEY, config(900))
                 .await

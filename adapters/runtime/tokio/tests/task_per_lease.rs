@@ -63,22 +63,15 @@ fn a_lease_under_a_runtime_whose_clock_is_behind_keeps_time_and_its_key() {
 
     use leasehold_tokio::memory::MemoryService;
 
-    let paused = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap()
-    };
     let config = common::config(900);
     // A lease under a runtime an hour ahead, held while the next one starts.
-    let ahead = paused();
+    let ahead = common::paused_runtime();
     let first = ahead.block_on(async {
         tokio::time::advance(common::ms(3_600_000)).await;
         let service = Arc::new(MemoryService::new());
         shape::acquire(service, "a", config).await.unwrap()
     });
-    paused().block_on(async {
+    common::paused_runtime().block_on(async {
         let service = Arc::new(MemoryService::new());
         let lease = shape::acquire(service.clone(), "b", config).await.unwrap();
         let started = lease.clock().now();

@@ -44,12 +44,7 @@ fn capture<F: std::future::Future<Output = ()>>(
         .with_writer(move || writer.clone())
         .finish();
     tracing::subscriber::with_default(subscriber, || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap()
-            .block_on(scenario());
+        common::paused_runtime().block_on(scenario());
     });
     let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     text.lines().map(str::to_owned).collect()

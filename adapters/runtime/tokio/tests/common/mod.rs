@@ -24,6 +24,16 @@ pub const fn ms(n: u64) -> std::time::Duration {
     std::time::Duration::from_millis(n)
 }
 
+/// A current-thread runtime on a paused clock, for a test that drives it by hand
+/// (runs several, or drops one mid-lease), where `#[tokio::test]` gives one.
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
 /// `n` microseconds on a lease's clock.
 pub const fn lease_us(n: u64) -> leasehold::Instant {
     leasehold::Instant::from_micros(n)

@@ -400,11 +400,7 @@ async fn release_ends_the_term_for_every_clone() {
 /// Not `#[tokio::test]`: the runtime is dropped mid-lease on purpose.
 #[test]
 fn a_runtime_shutdown_ends_the_lease_as_driver_stopped() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let runtime = crate::common::paused_runtime();
     let service = Recording::new();
     let lease = runtime
         .block_on(acquire(service.clone(), KEY, config(900)))
