@@ -137,8 +137,9 @@ pub(crate) struct Shared {
     pub(crate) handles: AtomicUsize,
     /// Wakes the driver for a release; the driver's release future is
     /// [`ReleaseWanted`], 8 bytes, where a `Notified` would add 64 to every lease.
-    /// Lock-free: the driver registers at every step, and the status lock there
-    /// cost a task per lease on Redis 5 % more CPU per renewal.
+    /// Lock-free, not under the status lock: the driver registers it at every step,
+    /// and a lock there costs a task per lease on Redis about 5 % more CPU per
+    /// renewal.
     release_waker: AtomicWaker,
     status: Mutex<Status>,
 }

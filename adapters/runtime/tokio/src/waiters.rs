@@ -1,8 +1,8 @@
 //! Who waits to hear of one lease: the futures of its handles (an acquire, `lost()`,
 //! `release()`, `settled()`), each woken by any change. Kept under the lease's status
 //! lock behind one pointer, allocated only while a future waits: a tokio `Notify`
-//! beside the lock cost every lease 32 B, and once granted most leases have no handle
-//! waiting.
+//! beside the lock would cost every lease 32 B, and once granted most leases have no
+//! handle waiting.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Waker;
