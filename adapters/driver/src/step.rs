@@ -30,10 +30,21 @@ pin_project_lite::pin_project! {
         #[pin]
         request: Option<InFlight<Q>>,
         #[pin]
-        watch: Option<Watch<W>>,
-        release_seen: bool,
+        // The watch of the grant with fence `watched`; `None` once it fired.
+        watch: Option<W>,
+        // The fence of the grant watched, when `WATCHED` is set. Beside the watch
+        // rather than with it in an `Option` of its own, whose tag would cost every
+        // lease 8 bytes.
+        watched: Fence,
+        // `WATCHED` and `RELEASE_SEEN`.
+        flags: u8,
     }
 }
+
+/// A grant is watched (or its watch fired): `LeaseIo::watched` is its fence.
+const WATCHED: u8 = 1;
+/// The user's release was fed to the lease.
+const RELEASE_SEEN: u8 = 2;
 
 pin_project_lite::pin_project! {
     /// The one request the lease awaits, by its id.
@@ -44,28 +55,25 @@ pin_project_lite::pin_project! {
     }
 }
 
-pin_project_lite::pin_project! {
-    /// The revocation watch of the grant with `fence`; `None` once it fired.
-    struct Watch<W> {
-        fence: Fence,
-        #[pin]
-        future: Option<W>,
-    }
-}
-
 impl<Q, W> LeaseIo<Q, W> {
     /// No request, no watch, no release yet.
     pub const fn new() -> Self {
         LeaseIo {
             request: None,
             watch: None,
-            release_seen: false,
+            watched: Fence(0),
+            flags: 0,
         }
     }
 
     /// Whether a request is in flight: one the lease still awaits.
     pub fn in_flight(&self) -> bool {
         self.request.is_some()
+    }
+
+    /// The fence of the grant watched (or whose watch fired), if any.
+    fn watched(&self) -> Option<Fence> {
+        (self.flags & WATCHED != 0).then_some(self.watched)
     }
 }
 
@@ -79,8 +87,8 @@ impl<Q, W> core::fmt::Debug for LeaseIo<Q, W> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("LeaseIo")
             .field("request", &self.request.as_ref().map(|request| request.id))
-            .field("watched", &self.watch.as_ref().map(|watch| watch.fence))
-            .field("release_seen", &self.release_seen)
+            .field("watched", &self.watched())
+            .field("release_seen", &(self.flags & RELEASE_SEEN != 0))
             .finish_non_exhaustive()
     }
 }
@@ -151,12 +159,17 @@ where
         }
         // Watch for revocation of exactly the grant held.
         let held = lease.fence();
-        if held != this.watch.as_ref().get_ref().as_ref().map(|w| w.fence) {
+        let watched = (*this.flags & WATCHED != 0).then_some(*this.watched);
+        if held != watched {
             let term = lease.term();
-            this.watch.set(held.map(|fence| Watch {
-                fence,
-                future: Some((hooks.watch)(term, fence)),
-            }));
+            this.watch.set(held.map(|fence| (hooks.watch)(term, fence)));
+            match held {
+                Some(fence) => {
+                    *this.watched = fence;
+                    *this.flags |= WATCHED;
+                }
+                None => *this.flags &= !WATCHED,
+            }
         }
         // No request awaited and no timer armed: nothing is left to send.
         let next = lease.poll_timeout();
@@ -178,8 +191,9 @@ where
         // attempt's answer comes first (a grant is then released as a held lease is),
         // or the lease gives up on it at its request timeout.
         let attempt_in_flight = this.request.is_some() && matches!(lease.state(), State::Acquiring);
-        if !*this.release_seen && !attempt_in_flight && (hooks.release)(cx).is_ready() {
-            *this.release_seen = true;
+        let release_seen = *this.flags & RELEASE_SEEN != 0;
+        if !release_seen && !attempt_in_flight && (hooks.release)(cx).is_ready() {
+            *this.flags |= RELEASE_SEEN;
             let _ = lease.release(clock.now(), gate);
             continue;
         }
@@ -198,12 +212,9 @@ where
             let _ = lease.handle_response(clock.now(), id, response, gate);
             continue;
         }
-        if let Some(watch) = this.watch.as_mut().as_pin_mut() {
-            let watch = watch.project();
-            if poll_slot(watch.future, cx).is_some() {
-                let _ = lease.handle_revoked(clock.now(), *watch.fence, gate);
-                continue;
-            }
+        if poll_slot(this.watch.as_mut(), cx).is_some() {
+            let _ = lease.handle_revoked(clock.now(), *this.watched, gate);
+            continue;
         }
         return Stepped::Waiting(next);
     }

@@ -39,6 +39,8 @@ struct OneKey {
     renewals: Cell<u32>,
     refuse_renewals_after: Cell<Option<u32>>,
     refuse_acquires: Cell<Option<Refusal>>,
+    /// The fence of each revocation watch started, in order.
+    watched: RefCell<Vec<Fence>>,
 }
 
 impl OneKey {
@@ -99,6 +101,10 @@ impl LocalLockService for OneKey {
         } else {
             ReleaseOutcome::NotOwner
         }
+    }
+    fn revoked(&self, _key: &str, _token: OwnerToken, fence: Fence) -> impl Future<Output = ()> {
+        self.watched.borrow_mut().push(fence);
+        std::future::pending()
     }
     async fn holder(&self, _key: &str) -> HolderOutcome {
         match *self.holder.borrow() {
@@ -199,6 +205,27 @@ fn renews_every_third_then_releases_on_request() {
     assert!(matches!(events.last(), Some((_, Event::Released))));
     assert_eq!(gate.check(clock.now()), Err(GateError::Released));
     assert_eq!(service.holder_token(), None, "the key was deleted");
+}
+
+/// A grant is watched once, not once per step: every renewal steps the lease again,
+/// and a watch started anew each time would send a watch request per renewal (etcd)
+/// and let a revocation between two watches go unseen.
+#[test]
+fn each_grant_is_watched_once() {
+    let service = OneKey::default();
+    let (clock, gate, mut lease) = fresh();
+    let end = block_on(run_term(
+        &mut lease,
+        &gate,
+        target(&service),
+        &clock,
+        Instant::MAX,
+        at_time(&clock, Instant::from_millis(3_000)),
+        |_| {},
+    ));
+    assert_eq!(end, Ok(TermEnd::Released));
+    assert_eq!(service.renewals.get(), 9);
+    assert_eq!(*service.watched.borrow(), [Fence(1)]);
 }
 
 #[test]

@@ -471,7 +471,7 @@ mod tests {
             size_of::<Lease>(),
             size_of::<Shared>(),
         );
-        assert!(entry <= 208, "a slot is {entry} B");
+        assert!(entry <= 200, "a slot is {entry} B");
         assert!(watch <= 64, "the watch is {watch} B");
     }
 }
