@@ -156,10 +156,8 @@ struct Status {
     deadline: Instant,
     /// The grant's fence, once granted; also the fence of a held state.
     fence: Fence,
-    /// Retries counted from the events, and the core's counters at the term's end.
-    stats: LeaseStats,
-    /// Created on first use: most leases are never observed and never wait for a
-    /// holder, and inline these would cost every lease 112 bytes.
+    /// Created on first use: most leases are never observed, never wait for a
+    /// holder and never retry, and inline these would cost every lease 128 bytes.
     rare: Option<Box<Rare>>,
     /// The handles' futures waiting for any change: woken under this lock, which
     /// every change takes anyway.
@@ -189,10 +187,13 @@ enum Phase {
     DriverStopped,
 }
 
-/// What only some leases need: a contender waiting for a held key, or a lease someone
-/// observes.
+/// What only some leases need: a contender waiting for a held key, a lease someone
+/// observes, or one that retried.
 #[derive(Default)]
 struct Rare {
+    /// Retries counted from the events, and the core's counters at the term's end
+    /// (zero for every lease of this runtime's drivers, so only kept when not).
+    stats: LeaseStats,
     /// The holder named by the latest "held by another" answer.
     last_holder: Option<Holder>,
     token: Option<CancellationToken>,
@@ -245,7 +246,6 @@ impl Shared {
             status: Mutex::new(Status {
                 deadline: began,
                 fence: Fence(0),
-                stats: LeaseStats::default(),
                 rare: None,
                 waiters: Waiters::default(),
                 term: None,
@@ -361,12 +361,19 @@ impl Shared {
     }
 
     pub(crate) fn stats(&self) -> LeaseStats {
-        self.status().stats
+        let status = self.status();
+        status
+            .rare
+            .as_ref()
+            .map(|rare| rare.stats)
+            .unwrap_or_default()
     }
 
     /// The driver's term is over: the core's counters, for the handles.
     pub(crate) fn record_core_stats(&self, core: Stats) {
-        self.status().stats.core = core;
+        if core != Stats::default() {
+            self.status().rare().stats.core = core;
+        }
     }
 
     pub(crate) fn finished(&self) -> bool {
@@ -520,12 +527,14 @@ impl Shared {
                 Event::AcquireFailed {
                     retry_at: Some(_), ..
                 } => {
-                    status.stats.acquire_retries = status.stats.acquire_retries.saturating_add(1);
+                    let stats = &mut status.rare().stats;
+                    stats.acquire_retries = stats.acquire_retries.saturating_add(1);
                 }
                 Event::RenewFailed {
                     retry_at: Some(_), ..
                 } => {
-                    status.stats.renewal_retries = status.stats.renewal_retries.saturating_add(1);
+                    let stats = &mut status.rare().stats;
+                    stats.renewal_retries = stats.renewal_retries.saturating_add(1);
                 }
                 _ => {}
             }
