@@ -157,23 +157,26 @@ struct Status {
     /// The grant's fence, once granted; also the fence of a held state.
     fence: Fence,
     /// Created on first use: most leases are never observed, never wait for a
-    /// holder and never retry, and inline these would cost every lease 128 bytes.
+    /// holder, never retry and are granted, and inline these would cost every lease
+    /// 136 bytes.
     rare: Option<Box<Rare>>,
     /// The handles' futures waiting for any change: woken under this lock, which
     /// every change takes anyway.
     waiters: Waiters,
-    /// The grant's term, once granted.
-    term: Option<Term>,
+    /// The grant's term, once [`GRANTED`].
+    term: Term,
     phase: Phase,
     /// How the term ended, set once: the first of loss, release request, driver gone.
     end: Option<LeaseEnd>,
-    /// The driver task returned (or was dropped).
-    finished: bool,
-    /// The acquire ended without a grant, and why.
-    not_acquired: Option<AcquireFailure>,
-    /// The lease is counted in the "leases held" gauge (granted, not yet ended).
-    counted_held: bool,
+    /// [`GRANTED`] and [`FINISHED`], in one byte: an `Option` around the term and a
+    /// flag of their own would take the 8 bytes that keep this at 40.
+    flags: u8,
 }
+
+/// A [`Status::flags`] bit: the lease was granted; the term and fence are the grant's.
+const GRANTED: u8 = 1;
+/// A [`Status::flags`] bit: the driver task returned (or was dropped).
+const FINISHED: u8 = 2;
 
 /// A [`LeaseState`] without its fence and deadline (see [`Status`]).
 #[derive(Clone, Copy)]
@@ -188,9 +191,11 @@ enum Phase {
 }
 
 /// What only some leases need: a contender waiting for a held key, a lease someone
-/// observes, or one that retried.
+/// observes, one that retried, or an acquire that failed.
 #[derive(Default)]
 struct Rare {
+    /// The acquire ended without a grant, and why.
+    not_acquired: Option<AcquireFailure>,
     /// Retries counted from the events, and the core's counters at the term's end
     /// (zero for every lease of this runtime's drivers, so only kept when not).
     stats: LeaseStats,
@@ -204,6 +209,10 @@ struct Rare {
 impl Status {
     fn rare(&mut self) -> &mut Rare {
         self.rare.get_or_insert_with(Box::default)
+    }
+
+    fn not_acquired(&self) -> Option<AcquireFailure> {
+        self.rare.as_ref().and_then(|rare| rare.not_acquired)
     }
 
     fn state(&self) -> LeaseState {
@@ -225,7 +234,12 @@ impl Status {
 
     /// The grant's fence and term, once granted.
     fn granted(&self) -> Option<(Fence, Term)> {
-        self.term.map(|term| (self.fence, term))
+        (self.flags & GRANTED != 0).then_some((self.fence, self.term))
+    }
+
+    /// Whether the lease counts in the "leases held" gauge: granted, not yet ended.
+    fn counted_held(&self) -> bool {
+        self.flags & GRANTED != 0 && self.end.is_none()
     }
 }
 
@@ -248,12 +262,10 @@ impl Shared {
                 fence: Fence(0),
                 rare: None,
                 waiters: Waiters::default(),
-                term: None,
+                term: Term(0),
                 phase: Phase::Acquiring,
                 end: None,
-                finished: false,
-                not_acquired: None,
-                counted_held: false,
+                flags: 0,
             }),
         }
     }
@@ -347,8 +359,8 @@ impl Shared {
     ) -> (bool, Option<AcquireFailure>, Option<Holder>, LeaseState) {
         let status = self.status();
         (
-            status.term.is_some(),
-            status.not_acquired,
+            status.granted().is_some(),
+            status.not_acquired(),
             status.rare.as_ref().and_then(|rare| rare.last_holder),
             status.state(),
         )
@@ -377,7 +389,7 @@ impl Shared {
     }
 
     pub(crate) fn finished(&self) -> bool {
-        self.status().finished
+        self.status().flags & FINISHED != 0
     }
 
     // ----- observers -----
@@ -545,9 +557,10 @@ impl Shared {
                     deadline,
                     ..
                 } => {
-                    (status.fence, status.term) = (fence, Some(term));
-                    if status.end.is_none() && !status.counted_held {
-                        status.counted_held = true;
+                    let counted = status.counted_held();
+                    (status.fence, status.term) = (fence, term);
+                    status.flags |= GRANTED;
+                    if status.counted_held() && !counted {
                         metrics::held(1.0);
                     }
                     Some(LeaseState::Holding { fence, deadline })
@@ -557,7 +570,7 @@ impl Shared {
                     retry_at: None,
                     ..
                 } => {
-                    status.not_acquired = Some(reason);
+                    status.rare().not_acquired = Some(reason);
                     None
                 }
                 Event::Renewed { deadline, .. } => status
@@ -601,10 +614,10 @@ impl Shared {
         drop(self.release_waker.take());
         let stopped = {
             let mut status = self.status();
-            status.finished = true;
+            status.flags |= FINISHED;
             // A term that ended without a grant (refused, or the wait bound ran out)
             // ended normally: nothing was held, nothing stopped early.
-            let stopped = status.end.is_none() && status.not_acquired.is_none();
+            let stopped = status.end.is_none() && status.not_acquired().is_none();
             if stopped {
                 self.stop.store(stop::DRIVER_GONE, Ordering::Release);
                 end_once(&mut status, LeaseEnd::DriverStopped);
@@ -645,12 +658,11 @@ impl Future for ReleaseWanted<'_> {
 
 /// Records the end of the term (first cause wins) and cancels the token.
 fn end_once(status: &mut Status, end: LeaseEnd) {
+    if status.counted_held() {
+        metrics::held(-1.0);
+    }
     if status.end.is_none() {
         status.end = Some(end);
-    }
-    if status.counted_held {
-        status.counted_held = false;
-        metrics::held(-1.0);
     }
     if let Some(token) = status.rare.as_ref().and_then(|rare| rare.token.as_ref()) {
         token.cancel();
