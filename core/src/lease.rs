@@ -1,5 +1,6 @@
 //! The lease state machine.
 
+use core::borrow::Borrow;
 use core::fmt;
 
 use crate::timers::{Timer, TIMERS};
@@ -60,6 +61,14 @@ use crate::{
 ///
 /// Use one `WriteGate` per `Lease`, and always the same one: the lease is its only writer.
 ///
+/// # Where the config lives
+///
+/// `C` is where the lease reads its [`Config`]: by default its own copy (48 bytes of
+/// its 128), or anything that lends one ([`Borrow<Config>`]), so that many leases with
+/// one config keep it once: `&'static Config` on a microcontroller (a lease of 84
+/// bytes on a 32-bit target), or a handle to a record that holds it. It must lend the
+/// same config for the lease's life.
+///
 /// ```
 /// use leasehold::*;
 ///
@@ -82,13 +91,13 @@ use crate::{
 /// assert!(matches!(lease.poll_action(), Some(Action::Renew { .. })));
 /// ```
 #[derive(Clone, Debug)]
-pub struct Lease {
+pub struct Lease<C = Config> {
     // Field order matters for code size: `new` stores the fields in this order, LLVM
     // merges consecutive zero stores into one memset, and a memset of more than 16
     // bytes is a call to compiler-builtins' `memclr` (174 B on thumbv7em) that the rest
     // of a firmware may not link. `next_send` (MAX) and `state` (Idle) are not zero:
     // they split the zeroed fields into short runs.
-    config: Config,
+    config: C,
     /// Latest `now` seen; earlier ones are clamped to it.
     latest: Instant,
     /// While held, the safe deadline; while acquiring, when to give up; once a
@@ -440,7 +449,7 @@ const fn term_of(id: u64) -> Term {
     RequestId(id).term()
 }
 
-impl Lease {
+impl<C: Borrow<Config>> Lease<C> {
     /// A lease that has not been acquired yet, for the client that presents `owner`
     /// to the lock service.
     ///
@@ -450,7 +459,7 @@ impl Lease {
     /// with the same owner and config retries at the same instants (the lease keeps
     /// only the 32-bit seed, not the owner). The driver must present the same `owner`
     /// with every request ([`Owner::token`] with the [`Action`]'s term).
-    pub const fn new(config: Config, owner: Owner) -> Lease {
+    pub const fn new(config: C, owner: Owner) -> Lease<C> {
         Lease {
             config,
             latest: Instant::ZERO,
@@ -480,7 +489,11 @@ impl Lease {
         self.state
     }
     /// The configuration.
-    pub const fn config(&self) -> &Config {
+    pub fn config(&self) -> &Config {
+        self.config.borrow()
+    }
+    /// Where the config is read from (see [Where the config lives](Lease#where-the-config-lives)).
+    pub const fn config_source(&self) -> &C {
         &self.config
     }
     /// The current term (0 before the first acquire).
@@ -533,7 +546,7 @@ impl Lease {
         if !matches!(self.state, State::Released) || self.granted == Duration::ZERO {
             return None;
         }
-        Some(self.sent_at.saturating_add(self.config.release_backoff()))
+        Some(self.sent_at.saturating_add(self.config().release_backoff()))
     }
 
     /// Counters.
@@ -816,7 +829,7 @@ impl Lease {
             RequestKind::Acquire => Action::Acquire {
                 id,
                 term,
-                ttl: self.config.ttl(),
+                ttl: self.config().ttl(),
             },
             RequestKind::Renew => Action::Renew {
                 id,
@@ -891,7 +904,7 @@ impl Lease {
         match timer {
             Timer::Deadline if self.is_held() => self.deadline,
             Timer::Request if self.in_flight.is_some() => {
-                self.sent_at.saturating_add(self.config.request_timeout())
+                self.sent_at.saturating_add(self.config().request_timeout())
             }
             Timer::Send => self.next_send,
             Timer::Deadline | Timer::Request => Instant::MAX,
@@ -970,12 +983,12 @@ impl Lease {
             AcquireOutcome::Granted { fence, ttl } => {
                 self.fence = fence;
                 self.granted = ttl;
-                if !self.config.accepts_grant(ttl) {
+                if !self.config().accepts_grant(ttl) {
                     // The gate never opens; the grant is ours, so free it for others.
                     self.give_up(now, AcquireFailure::GrantTooShort);
                     return;
                 }
-                match self.config.safe_deadline(self.sent_at, ttl) {
+                match self.config().safe_deadline(self.sent_at, ttl) {
                     Some(deadline) if now < deadline => {
                         self.hold(deadline, now, EventKind::Acquired, gate);
                     }
@@ -1015,7 +1028,7 @@ impl Lease {
                 // this term, delayed in the network and handled later, may still set
                 // the expiry to its own handling time + the TTL asked.
                 match self
-                    .config
+                    .config()
                     .safe_deadline(self.sent_at, ttl.min(self.granted))
                 {
                     Some(deadline) if ttl >= self.granted && deadline >= self.deadline => {
@@ -1112,14 +1125,14 @@ impl Lease {
     fn schedule_renewal(&mut self, now: Instant) {
         self.next_send = self
             .sent_at
-            .saturating_add(self.config.renew_interval_for(self.granted))
+            .saturating_add(self.config().renew_interval_for(self.granted))
             .max(now);
     }
 
     /// An attempt failed: retry after a jittered interval, unless that is past the
     /// wait bound (kept in `deadline` while acquiring).
     fn acquire_failed(&mut self, now: Instant, reason: AcquireFailure) {
-        let retry = now.saturating_add(self.jittered(self.config.retry_interval()));
+        let retry = now.saturating_add(self.jittered(self.config().retry_interval()));
         if retry >= self.deadline {
             self.give_up(now, reason);
         } else {
@@ -1167,7 +1180,7 @@ impl Lease {
     /// plus one TTL. The longer of the granted and the configured TTL, as the
     /// service may have granted more than asked.
     fn send_release(&mut self, now: Instant) {
-        let ttl = self.granted.max(self.config.ttl());
+        let ttl = self.granted.max(self.config().ttl());
         self.deadline = now.saturating_add(ttl.saturating_mul(2));
         self.send(RequestKind::Release, now);
     }
@@ -1195,11 +1208,11 @@ impl Lease {
     /// A blip is not loss: retry inside the remaining budget, never past it.
     fn renew_indeterminate(&mut self, now: Instant, why: Indeterminate, gate: &WriteGate) {
         self.state = State::RenewPending;
-        if self.config.fail_closed() && !self.flags.get(Flags::PAUSED) {
+        if self.config().fail_closed() && !self.flags.get(Flags::PAUSED) {
             self.flags.set(Flags::PAUSED, true);
             gate.publish_paused(self.term(), self.fence, self.deadline);
         }
-        let retry = now.saturating_add(self.config.retry_interval());
+        let retry = now.saturating_add(self.config().retry_interval());
         self.next_send = if retry < self.deadline {
             retry
         } else {
@@ -1227,7 +1240,7 @@ impl Lease {
             self.finish_release();
         }
         if let ReleaseOutcome::Indeterminate(_) = outcome {
-            let retry = now.saturating_add(self.jittered(self.config.retry_interval()));
+            let retry = now.saturating_add(self.jittered(self.config().retry_interval()));
             if retry < self.deadline {
                 self.next_send = retry;
             }

@@ -21,9 +21,13 @@
 //! * an acquire ends as `NotAcquired` only with `AcquireFailed { retry_at: None }`, and
 //!   a grant the config cannot hold (`GrantTooShort`) never opens the gate;
 //! * each call yields at most one action and one event; `handle_timeout` twice at the
-//!   same instant is the same as once.
+//!   same instant is the same as once;
+//! * a lease that borrows its config (`Lease<&Config>`) runs the same timeline as one
+//!   that owns it.
 //!
 //! `PROPTEST_CASES` raises the number of cases.
+
+use std::borrow::Borrow;
 
 use leasehold::{
     AcquireFailure, AcquireOutcome, Action, Config, Duration, Event, Fence, GateSnapshot,
@@ -224,8 +228,8 @@ struct Observed {
     gate: GateSnapshot,
 }
 
-struct Harness {
-    lease: Lease,
+struct Harness<C> {
+    lease: Lease<C>,
     gate: WriteGate,
     /// The `now` of the latest input (it may go backwards).
     now: Instant,
@@ -243,7 +247,7 @@ struct Harness {
     closed: Option<State>,
 }
 
-impl Harness {
+impl<C: Borrow<Config>> Harness<C> {
     fn observe(&self) -> Observed {
         Observed {
             state: self.lease.state(),
@@ -505,7 +509,11 @@ impl Harness {
     }
 }
 
-fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
+/// What each step of a run showed: the lease after it, and its outputs.
+type Trace = Vec<(Observed, Vec<Action>, Vec<Event>)>;
+
+fn run<C: Borrow<Config>>(config: C, steps: &[(When, Op)]) -> Result<Trace, TestCaseError> {
+    let mut trace = Trace::new();
     let mut h = Harness {
         lease: Lease::new(config, Owner([7; 16])),
         gate: WriteGate::new(),
@@ -561,6 +569,7 @@ fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
         h.check(&events)?;
 
         let after = h.observe();
+        trace.push((after.clone(), actions.clone(), events.clone()));
         let stale_after = h.lease.stats().stale_responses;
         if stale {
             // Time alone may expire a held lease: the only change a stale answer may see.
@@ -655,7 +664,7 @@ fn run(config: Config, steps: &[(When, Op)]) -> Result<(), TestCaseError> {
             prop_assert_eq!(&h.observe(), &after);
         }
     }
-    Ok(())
+    Ok(trace)
 }
 
 /// `PROPTEST_CASES` cases, or `default` (sized to keep a debug run well under 20 s).
@@ -682,7 +691,9 @@ proptest! {
         config in config(),
         steps in prop::collection::vec((when(), op()), 1..80),
     ) {
-        run(config, &steps)?;
+        let owned = run(config, &steps)?;
+        let lent = run::<&Config>(&config, &steps)?;
+        prop_assert_eq!(owned, lent, "the borrowed config's run differs");
     }
 }
 

@@ -1,13 +1,14 @@
 //! The loop of one lease: [`step`](crate::step()) it, sleep until its deadline or
 //! until its I/O wakes it, repeat until the term is over.
 
+use core::borrow::Borrow;
 use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
 
 use futures_util::future::Either;
 use leasehold::{
-    AcquireFailure, Action, AlreadyActive, Event, Fence, Holder, Identity, Instant, Lease,
+    AcquireFailure, Action, AlreadyActive, Config, Event, Fence, Holder, Identity, Instant, Lease,
     LossReason, Owner, Response, WriteGate,
 };
 
@@ -90,8 +91,8 @@ impl<S> Copy for Target<'_, S> {}
 /// each argument twice (as it was passed and as the body's own variable), and the
 /// closures that reach the service once more, which cost every lease about 200 bytes.
 /// Polled again after it completed, it completes again with the same answer.
-pub fn run_term<'a, S, C, R, F>(
-    lease: &'a mut Lease,
+pub fn run_term<'a, L, S, C, R, F>(
+    lease: &'a mut Lease<L>,
     gate: &'a WriteGate,
     target: Target<'a, S>,
     clock: &'a C,
@@ -100,6 +101,7 @@ pub fn run_term<'a, S, C, R, F>(
     report: F,
 ) -> impl Future<Output = Result<TermEnd, AlreadyActive>> + 'a
 where
+    L: Borrow<Config>,
     S: LocalLockService,
     C: Clock,
     R: Future<Output = ()> + 'a,
@@ -155,8 +157,8 @@ where
 }
 
 /// What `run_term` was given to run the term on.
-struct Inputs<'a, S, C> {
-    lease: &'a mut Lease,
+struct Inputs<'a, L, S, C> {
+    lease: &'a mut Lease<L>,
     gate: &'a WriteGate,
     target: Target<'a, S>,
     clock: &'a C,
@@ -175,8 +177,8 @@ struct Wiring<N, V, Z> {
 pin_project_lite::pin_project! {
     /// The future of [`run_term`]. `Q`, `W` and `P` are the futures of a request, a
     /// revocation watch and a sleep.
-    struct RunTerm<'a, S, C, R, F, N, V, Z, Q, W, P> {
-        inputs: Inputs<'a, S, C>,
+    struct RunTerm<'a, L, S, C, R, F, N, V, Z, Q, W, P> {
+        inputs: Inputs<'a, L, S, C>,
         wiring: Wiring<N, V, Z>,
         // Whether the term began (the first poll starts it, as an `async fn` would).
         started: bool,
@@ -198,14 +200,14 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<'a, S, C, R, F, N, V, Z, Q, W, P> RunTerm<'a, S, C, R, F, N, V, Z, Q, W, P>
+impl<'a, L, S, C, R, F, N, V, Z, Q, W, P> RunTerm<'a, L, S, C, R, F, N, V, Z, Q, W, P>
 where
     N: Fn(Target<'a, S>, Action) -> Q,
     V: Fn(Target<'a, S>, leasehold::Term, Fence) -> W,
     Z: Fn(&'a C, Instant) -> P,
 {
     /// Ties the futures' types to the closures that make them.
-    fn new(inputs: Inputs<'a, S, C>, release: R, report: F, wiring: Wiring<N, V, Z>) -> Self {
+    fn new(inputs: Inputs<'a, L, S, C>, release: R, report: F, wiring: Wiring<N, V, Z>) -> Self {
         RunTerm {
             inputs,
             wiring,
@@ -219,8 +221,9 @@ where
     }
 }
 
-impl<'a, S, C, R, F, N, V, Z, Q, W, P> Future for RunTerm<'a, S, C, R, F, N, V, Z, Q, W, P>
+impl<'a, L, S, C, R, F, N, V, Z, Q, W, P> Future for RunTerm<'a, L, S, C, R, F, N, V, Z, Q, W, P>
 where
+    L: Borrow<Config>,
     C: Clock,
     R: Future<Output = ()>,
     F: FnMut(Report),

@@ -11,12 +11,14 @@
 //! answer, then a revocation, and goes round again until nothing is ready. Only the
 //! lease's timer is left to the caller.
 
+use core::borrow::Borrow;
 use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
 
 use leasehold::{
-    AcquireOutcome, Action, Fence, Instant, Lease, RequestId, Response, State, Term, WriteGate,
+    AcquireOutcome, Action, Config, Fence, Instant, Lease, RequestId, Response, State, Term,
+    WriteGate,
 };
 
 use crate::{Clock, Report, TermEnd};
@@ -125,8 +127,8 @@ pub enum Stepped {
 
 /// Steps `lease` until nothing is ready (see the module docs). `io` must be the one
 /// kept with this lease since its term began; the gate is `lease`'s write gate.
-pub fn step<C, S, Q, V, W, R, P>(
-    lease: &mut Lease,
+pub fn step<L, C, S, Q, V, W, R, P>(
+    lease: &mut Lease<L>,
     gate: &WriteGate,
     clock: &C,
     mut io: Pin<&mut LeaseIo<Q, W>>,
@@ -134,6 +136,7 @@ pub fn step<C, S, Q, V, W, R, P>(
     hooks: &mut Hooks<S, V, R, P>,
 ) -> Stepped
 where
+    L: Borrow<Config>,
     C: Clock,
     S: FnMut(Action) -> Q,
     Q: Future<Output = Response>,

@@ -20,10 +20,11 @@ pub use leasehold;
 pub use leasehold_driver;
 pub use leasehold_driver::{LocalLockService, Report, Target, TermEnd};
 
+use core::borrow::Borrow;
 use core::future::Future;
 
 use embassy_sync::blocking_mutex::raw::RawMutex;
-use leasehold::{AlreadyActive, Event, Instant, Lease};
+use leasehold::{AlreadyActive, Config, Event, Instant, Lease};
 
 /// Runs one term of `lease` on embassy-time: acquires (giving up at `give_up_at`,
 /// `Instant::MAX` to wait as long as it takes), renews, and returns when the term is
@@ -47,16 +48,20 @@ use leasehold::{AlreadyActive, Event, Instant, Lease};
 /// adapter cannot ship one): see the crate docs for the pattern. Fails only if `lease`
 /// is in the middle of a term already.
 ///
+/// The lease may own its config or borrow it: a `Lease<&'static Config>` shares one
+/// `static` config and keeps 40 bytes less RAM on a 32-bit target.
+///
 /// (Not an `async fn`, which would keep its arguments twice in the task.)
 #[allow(clippy::manual_async_fn)]
-pub fn run_term<'a, M, S, F>(
-    lease: &'a mut Lease,
+pub fn run_term<'a, L, M, S, F>(
+    lease: &'a mut Lease<L>,
     shared: &'a LeaseShared<M>,
     target: Target<'a, S>,
     give_up_at: Instant,
     mut on_report: F,
 ) -> impl Future<Output = Result<TermEnd, AlreadyActive>> + 'a
 where
+    L: Borrow<Config>,
     M: RawMutex,
     S: LocalLockService,
     F: FnMut(Report) + 'a,

@@ -11,6 +11,7 @@
 //! 150 ms, margin 150 ms, drift 1,000 ppm (3 ms): a grant for a request sent at `s`
 //! is safe until `s + 2,847 ms`.
 
+use std::borrow::Borrow;
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::Future;
@@ -28,8 +29,8 @@ use leasehold_embassy::leasehold::{
 use leasehold_embassy::{LeaseShared, LocalLockService, Report, Target, TermEnd};
 
 /// One term that waits for the key as long as it takes, as the firmware does.
-async fn run_term<F: FnMut(Report)>(
-    lease: &mut Lease,
+async fn run_term<L: Borrow<Config>, F: FnMut(Report)>(
+    lease: &mut Lease<L>,
     shared: &LeaseShared,
     target: Target<'_, Gateway<'_>>,
     on_report: F,
@@ -354,6 +355,31 @@ fn renews_every_third_of_the_ttl_counted_from_send_time() {
         [1_000, 2_000, 3_000, 4_000, 5_000, 6_000, 7_000, 8_000, 9_000]
     );
     assert!(refused.is_empty(), "writes refused at {refused:?}");
+    assert_eq!(shared.check(), Ok(Fence(1)));
+}
+
+/// Leases may share one `static` config, each keeping a reference (40 bytes less RAM
+/// per lease on a 32-bit target): the term runs the same.
+#[test]
+fn a_lease_that_borrows_a_static_config_renews_the_same() {
+    static CONFIG: Config = match Config::builder(ms(3_000)).build() {
+        Ok(config) => config,
+        Err(_) => panic!("invalid config"),
+    };
+    let _clock = virtual_clock();
+    let shared = LeaseShared::new();
+    let gateway = Gateway::new(&shared);
+    let mut lease = Lease::new(&CONFIG, Owner([7; 16]));
+
+    let end = drive(
+        run_term(&mut lease, &shared, target(&gateway), |_| {}),
+        at(3_500),
+        |_| {},
+    );
+
+    assert!(end.is_none(), "the term must still be running: {end:?}");
+    assert_eq!(millis(&gateway.sent(Kind::Acquire)), [0]);
+    assert_eq!(millis(&gateway.sent(Kind::Renew)), [1_000, 2_000, 3_000]);
     assert_eq!(shared.check(), Ok(Fence(1)));
 }
 
