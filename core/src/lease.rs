@@ -65,7 +65,7 @@ use crate::{
 ///
 /// `C` is where the lease reads its [`Config`]: by default its own copy (48 bytes of
 /// its 128), or anything that lends one ([`Borrow<Config>`]), so that many leases with
-/// one config keep it once: `&'static Config` on a microcontroller (a lease of 84
+/// one config keep it once: `&'static Config` on a microcontroller (a lease of 88
 /// bytes on a 32-bit target), or a handle to a record that holds it. It must lend the
 /// same config for the lease's life.
 ///
