@@ -55,8 +55,8 @@ pub(super) struct Driver<S> {
     /// Whether new leases may start: not while the leases held are renewed late.
     admission: Admission,
     /// Every lease's next deadline, earliest first. An entry is stale (skipped when
-    /// popped) unless it is still its lease's [`Entry::due`]: a deadline is pushed once,
-    /// when it changes, and never searched for.
+    /// popped) unless it is still its lease's deadline (the core's `poll_timeout`): a
+    /// deadline is pushed once, when a step changes it, and never searched for.
     timers: Timers,
     /// The one runtime timer: until the earliest deadline.
     sleep: Pin<Box<Sleep>>,
@@ -134,10 +134,6 @@ struct Entry {
     lease: Lease<Record>,
     /// The request in flight and the revocation watch.
     io: LeaseIo<BoxFuture<Response>, BoxFuture<()>>,
-    /// The deadline last pushed to the timers for this lease; `Instant::MAX` (a
-    /// deadline that never comes) when there is none, 8 B less per lease than an
-    /// `Option`.
-    due: Instant,
 }
 
 /// A lease's shared record as the config of its core: the record is also the waker
@@ -221,22 +217,32 @@ impl<S: LockService + 'static> Driver<S> {
         let entry = Entry {
             lease,
             io: LeaseIo::new(),
-            due: Instant::MAX,
         };
         self.slots.put(slot, entry);
-        self.step(slot);
+        self.step(slot, None);
     }
 
-    /// Steps the lease in `slot` (woken, or its deadline passed) and removes it if its
-    /// term is over.
-    fn step(&mut self, slot: u32) {
+    /// Steps the lease in `slot`, woken by its I/O: its deadline is in the timers.
+    fn step_woken(&mut self, slot: u32) {
         let Some(entry) = self.slots.get_mut(slot) else {
             return; // ended already; a late wake-up
+        };
+        let queued = entry.lease.poll_timeout();
+        self.step(slot, queued);
+    }
+
+    /// Steps the lease in `slot` and removes it if its term is over. `queued` is the
+    /// deadline of the lease the timers hold (or have just fired): a new deadline is
+    /// pushed, that one is not pushed again.
+    fn step(&mut self, slot: u32, queued: Option<Instant>) {
+        let Some(entry) = self.slots.get_mut(slot) else {
+            return; // ended already
         };
         entry.shared().looking();
         let stepped = step(
             entry,
             slot,
+            queued,
             &self.service,
             &mut self.timers,
             &mut self.admission,
@@ -260,7 +266,7 @@ impl<S: LockService + 'static> Driver<S> {
             let Some(entry) = self.slots.get_mut(slot) else {
                 continue;
             };
-            if entry.due != at {
+            if entry.lease.poll_timeout() != Some(at) {
                 continue; // stale: the lease moved on
             }
             budget -= 1;
@@ -268,17 +274,17 @@ impl<S: LockService + 'static> Driver<S> {
             // An answer that is already in comes before the deadline, as in the
             // single-lease loop (which polls the request before its timer): a refusal
             // that arrived at the instant its request timed out must end the lease,
-            // not be dropped with the request.
-            self.step(slot);
+            // not be dropped with the request. A deadline it leaves as it was is
+            // still `at`, which has passed: the timeout below takes it.
+            self.step(slot, Some(at));
             let Some(entry) = self.slots.get_mut(slot) else {
                 continue; // that answer ended the term
             };
             let now = self.clock.now();
             if entry.lease.poll_timeout().is_some_and(|next| next <= now) {
-                entry.due = Instant::MAX;
                 let shared = Arc::clone(entry.shared());
                 entry.lease.handle_timeout(now, &shared.gate);
-                self.step(slot);
+                self.step(slot, None);
             }
         }
         budget
@@ -301,7 +307,7 @@ impl<S: LockService + 'static> Future for Driver<S> {
             let waking = this.woken.len().min(budget);
             for i in 0..waking {
                 let slot = this.woken[i];
-                this.step(slot);
+                this.step_woken(slot);
             }
             this.woken.drain(..waking);
             budget -= waking;
@@ -365,10 +371,11 @@ impl<S> Drop for Driver<S> {
 }
 
 /// One step of one lease (the shared [`step`]), its next deadline pushed to the
-/// driver's timers.
+/// driver's timers unless it is the one `queued` there.
 fn step<S: LockService + 'static>(
     entry: &mut Entry,
     slot: u32,
+    queued: Option<Instant>,
     service: &Arc<S>,
     timers: &mut Timers,
     admission: &mut Admission,
@@ -378,7 +385,7 @@ fn step<S: LockService + 'static>(
     let shared = &Arc::clone(entry.shared());
     let waker = Waker::from(Arc::clone(shared));
     let mut cx = Context::from_waker(&waker);
-    let Entry { lease, io, due } = entry;
+    let Entry { lease, io } = entry;
     let mut hooks = Hooks {
         send: |action| send(service, shared, action, acquiring),
         watch: |term, fence| revoked(service, shared, term, fence),
@@ -398,13 +405,10 @@ fn step<S: LockService + 'static>(
         &mut cx,
         &mut hooks,
     );
-    if let Stepped::Waiting(next) = stepped {
-        let next = next.unwrap_or(Instant::MAX);
-        if next != *due {
-            *due = next;
-            if next != Instant::MAX {
-                timers.push(next, slot);
-            }
+    if let Stepped::Waiting(Some(next)) = stepped {
+        // `Instant::MAX` never comes.
+        if Some(next) != queued && next != Instant::MAX {
+            timers.push(next, slot);
         }
     }
     stepped
@@ -470,7 +474,7 @@ mod tests {
 
     /// What a lease costs a set besides its shared state (the same as with a task of
     /// its own): its slot (the core without a config of its own, its request and
-    /// watch, its deadline) and, for a service that can watch, the watch future; the
+    /// watch) and, for a service that can watch, the watch future; the
     /// request future lives only while a request is in flight. No waker of its own:
     /// the shared state is the waker.
     #[tokio::test]
@@ -484,7 +488,7 @@ mod tests {
             size_of::<Lease<Record>>(),
             size_of::<Shared>(),
         );
-        assert!(entry <= 152, "a slot is {entry} B");
+        assert!(entry <= 144, "a slot is {entry} B");
         assert!(watch <= 64, "the watch is {watch} B");
     }
 }
