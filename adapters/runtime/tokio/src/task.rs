@@ -193,7 +193,7 @@ mod tests {
         println!("driver task future: {task} B, shared state: {shared} B, common: {common} B");
         let limit = if cfg!(feature = "tracing") { 536 } else { 496 };
         assert!(task <= limit, "driver task future is {task} B");
-        assert!(shared <= 152, "shared state is {shared} B");
+        assert!(shared <= 144, "shared state is {shared} B");
         assert!(common <= 88, "config, clock and identity are {common} B");
     }
 }

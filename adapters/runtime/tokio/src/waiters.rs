@@ -1,8 +1,8 @@
 //! Who waits to hear of one lease: the futures of its handles (an acquire, `lost()`,
 //! `release()`, `settled()`), each woken by any change. Kept under the lease's status
-//! lock behind one pointer, allocated only while a future waits: a tokio `Notify`
-//! beside the lock would cost every lease 32 B, and once granted most leases have no
-//! handle waiting.
+//! lock with what only some leases need, allocated only while a future waits: a tokio
+//! `Notify` beside the lock would cost every lease 32 B, and once granted most leases
+//! have no handle waiting.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Waker;
@@ -21,11 +21,7 @@ pub(crate) fn next_id() -> WaiterId {
 /// The waiting futures, each until it completes or is dropped.
 #[derive(Default)]
 pub(crate) struct Waiters {
-    #[allow(
-        clippy::box_collection,
-        reason = "a thin pointer: 8 B in every lease where a `Vec` takes 24 B"
-    )]
-    handles: Option<Box<Vec<(WaiterId, Waker)>>>,
+    handles: Vec<(WaiterId, Waker)>,
 }
 
 impl Waiters {
@@ -34,7 +30,7 @@ impl Waiters {
     /// registers again, so a lease watched by a thousand tasks must not search its
     /// list a thousand times each.
     pub(crate) fn register(&mut self, id: WaiterId, waker: &Waker, at: &mut usize) {
-        let handles = self.handles.get_or_insert_with(Box::default);
+        let handles = &mut self.handles;
         if handles.get(*at).is_none_or(|(waiting, _)| *waiting != id) {
             match handles.iter().position(|(waiting, _)| *waiting == id) {
                 Some(found) => *at = found,
@@ -55,20 +51,23 @@ impl Waiters {
 
     /// The future `id` stopped waiting (it completed, or was dropped).
     pub(crate) fn remove(&mut self, id: WaiterId) {
-        if let Some(handles) = &mut self.handles {
-            if let Some(at) = handles.iter().position(|(waiting, _)| *waiting == id) {
-                handles.swap_remove(at);
-            }
-            if handles.is_empty() {
-                self.handles = None;
-            }
+        if let Some(at) = self.handles.iter().position(|(waiting, _)| *waiting == id) {
+            self.handles.swap_remove(at);
         }
+        if self.handles.is_empty() {
+            // No buffer kept for a future that may never come.
+            self.handles = Vec::new();
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.handles.is_empty()
     }
 
     /// Something changed: every waiting future looks again. They stay registered.
     /// Woken under the lease's lock: `wake_by_ref` neither polls nor drops a task.
     pub(crate) fn wake_all(&self) {
-        for (_, waker) in self.handles.iter().flat_map(|handles| handles.iter()) {
+        for (_, waker) in &self.handles {
             waker.wake_by_ref();
         }
     }
@@ -108,13 +107,10 @@ mod tests {
         waiters.remove(1);
         // Moved by the removal: found again where it is now.
         waiters.register(2, &waker, &mut second);
-        assert_eq!(
-            waiters.handles.as_ref().map(|handles| handles.len()),
-            Some(1)
-        );
+        assert_eq!(waiters.handles.len(), 1);
         waiters.wake_all();
         assert_eq!(count.0.load(Ordering::Relaxed), 1);
         waiters.remove(2);
-        assert!(waiters.handles.is_none());
+        assert_eq!(waiters.handles.capacity(), 0);
     }
 }
