@@ -25,6 +25,7 @@ mod shards;
 mod table;
 
 use std::future::Future;
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::task::Poll;
@@ -291,6 +292,7 @@ impl LockService for MemoryService {
     }
 
     /// Completes once `key`'s grant with `fence` was [revoked](MemoryService::revoke).
+    /// A key this service has never seen is never revoked.
     fn revoked(
         &self,
         key: &str,
@@ -298,9 +300,16 @@ impl LockService for MemoryService {
         fence: Fence,
     ) -> impl Future<Output = ()> + Send {
         let _ = token;
+        let shard = Shards::index(key);
+        // Found now, not at every poll: the watch keeps where the key's record is
+        // (it never moves) rather than the key, and every held lease keeps a watch.
+        let place = self.shards.at(shard).table.place(key);
         Watch {
             service: self,
-            key,
+            place: place
+                .and_then(|place| place.checked_add(1))
+                .and_then(NonZeroU32::new),
+            shard,
             fence,
         }
     }
@@ -308,23 +317,35 @@ impl LockService for MemoryService {
 
 /// The revocation watch of one grant. A future of a few words: every held lease
 /// keeps one.
-struct Watch<'s, 'k> {
+struct Watch<'s> {
     service: &'s MemoryService,
-    key: &'k str,
+    /// One more than the place of the key's record in its shard's table; `None` for
+    /// a key the service did not know.
+    place: Option<NonZeroU32>,
+    shard: u8,
     fence: Fence,
 }
 
-impl Future for Watch<'_, '_> {
+impl Watch<'_> {
+    fn place(&self) -> Option<u32> {
+        self.place.map(|place| place.get() - 1)
+    }
+}
+
+impl Future for Watch<'_> {
     type Output = ();
 
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        let Some(place) = self.place() else {
+            return Poll::Pending; // never granted here, so never revoked
+        };
         // Looks and registers under the shard's lock, so a revocation cannot fall in
         // between.
         let now = tokio::time::Instant::now();
-        let mut shard = self.service.shards.of(self.key);
+        let mut shard = self.service.shards.at(self.shard);
         if shard
             .table
-            .watch_revocation(self.key, self.fence, cx.waker(), now)
+            .watch_revocation(place, self.fence, cx.waker(), now)
         {
             Poll::Ready(())
         } else {
@@ -337,10 +358,12 @@ impl Future for Watch<'_, '_> {
 /// (a lease that stopped renewing leaves its grant to expire, and an expired grant
 /// goes only when its key is next used), and the waker keeps its task, or the lease
 /// it wakes, in memory.
-impl Drop for Watch<'_, '_> {
+impl Drop for Watch<'_> {
     fn drop(&mut self) {
-        let mut shard = self.service.shards.of(self.key);
-        shard.table.unwatch(self.key, self.fence);
+        if let Some(place) = self.place() {
+            let mut shard = self.service.shards.at(self.shard);
+            shard.table.unwatch(place, self.fence);
+        }
     }
 }
 

@@ -40,8 +40,18 @@ impl Default for Shards {
 impl Shards {
     /// The shard holding `key`, locked.
     pub(crate) fn of(&self, key: &str) -> MutexGuard<'_, Shard> {
+        self.at(Shards::index(key))
+    }
+
+    /// The number of the shard holding `key`.
+    pub(crate) fn index(key: &str) -> u8 {
         // SHARDS is a power of two: the low bits of the hash pick the shard.
-        lock(&self.shards[(fnv1a(key.as_bytes()) as usize) & (SHARDS - 1)])
+        (fnv1a(key.as_bytes()) as usize & (SHARDS - 1)) as u8
+    }
+
+    /// Shard number `index` (from [`index`](Self::index)), locked.
+    pub(crate) fn at(&self, index: u8) -> MutexGuard<'_, Shard> {
+        lock(&self.shards[usize::from(index) & (SHARDS - 1)])
     }
 
     /// Every shard, one after the other (each locked only while it is looked at).

@@ -134,7 +134,12 @@ impl Keys {
     }
 
     fn get_mut(&mut self, key: &str) -> Option<&mut Key> {
-        let i = self.find(key, self.hasher.hash_one(key))? as usize;
+        let i = self.find(key, self.hasher.hash_one(key))?;
+        self.at_mut(i)
+    }
+
+    fn at_mut(&mut self, i: u32) -> Option<&mut Key> {
+        let i = i as usize;
         self.records.get_mut(i / CHUNK)?.get_mut(i % CHUNK)
     }
 
@@ -144,7 +149,10 @@ impl Keys {
         let i = match self.find(key, hash) {
             Some(i) => i,
             None => {
-                let i = u32::try_from(self.index.len()).ok()?;
+                // Below `u32::MAX`: a watch keeps one more than a place.
+                let i = u32::try_from(self.index.len())
+                    .ok()
+                    .filter(|&i| i < u32::MAX)?;
                 if self.records.last().is_none_or(|chunk| chunk.len() == CHUNK) {
                     self.records.push(Vec::with_capacity(CHUNK));
                 }
@@ -338,19 +346,26 @@ impl Table {
         Some(grant)
     }
 
-    /// Whether the grant with `fence` (or a later one) of `key` was revoked; if not,
-    /// and that grant is live at `now`, `waker` is woken when it is revoked. A grant
-    /// that is over can no longer be revoked: its watch waits for good.
+    /// Where `key`'s record is, if the table knows the key (records are never
+    /// removed, so a place stays the key's).
+    pub(crate) fn place(&self, key: &str) -> Option<u32> {
+        self.keys.find(key, self.keys.hasher.hash_one(key))
+    }
+
+    /// Whether the grant with `fence` (or a later one) of the key at `place` was
+    /// revoked; if not, and that grant is live at `now`, `waker` is woken when it is
+    /// revoked. A grant that is over can no longer be revoked: its watch waits for
+    /// good.
     pub(crate) fn watch_revocation(
         &mut self,
-        key: &str,
+        place: u32,
         fence: Fence,
         waker: &Waker,
         now: Instant,
     ) -> bool {
         let now = self.offset(now);
-        let Some(key) = self.keys.get_mut(key) else {
-            return false; // never granted here, so never revoked
+        let Some(key) = self.keys.at_mut(place) else {
+            return false;
         };
         if key.revoked_fence >= fence.0 {
             return true;
@@ -364,10 +379,10 @@ impl Table {
         false
     }
 
-    /// Forgets the waker of the watch on `key`'s grant with `fence`, if that grant is
-    /// still there (live or expired).
-    pub(crate) fn unwatch(&mut self, key: &str, fence: Fence) {
-        if let Some(key) = self.keys.get_mut(key) {
+    /// Forgets the waker of the watch on the grant with `fence` of the key at
+    /// `place`, if that grant is still there (live or expired).
+    pub(crate) fn unwatch(&mut self, place: u32, fence: Fence) {
+        if let Some(key) = self.keys.at_mut(place) {
             if key.last_fence == fence.0 {
                 if let Some(held) = &mut key.grant {
                     held.watcher = None;

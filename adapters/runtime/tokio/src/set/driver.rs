@@ -489,6 +489,6 @@ mod tests {
             size_of::<Shared>(),
         );
         assert!(entry <= 144, "a slot is {entry} B");
-        assert!(watch <= 64, "the watch is {watch} B");
+        assert!(watch <= 56, "the watch is {watch} B");
     }
 }
