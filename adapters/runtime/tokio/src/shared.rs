@@ -167,7 +167,7 @@ struct Status {
     /// How the term ended, set once: the first of loss, release request, driver gone.
     end: Option<LeaseEnd>,
     /// [`GRANTED`] and [`FINISHED`], in one byte: an `Option` around the term and a
-    /// flag of their own would take the 8 bytes that keep this at 40.
+    /// flag of their own would take 8 bytes more than the 32 this keeps to.
     flags: u8,
 }
 
