@@ -184,7 +184,7 @@ impl<S: LockService + 'static> LeaseSet<S> {
         options: AcquireOptions,
     ) -> impl Future<Output = Result<LeaseHandle, AcquireError>> + Send + 'static {
         let inner = Arc::clone(&self.inner);
-        let key: Box<str> = key.into();
+        let key = acquire::CalledKey::new(key);
         async move {
             let service = &inner.service;
             acquire::start(
