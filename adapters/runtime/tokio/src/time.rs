@@ -116,6 +116,11 @@ const SUSPEND_FLOOR: std::time::Duration = std::time::Duration::from_millis(1);
 /// true value, and a gap over 50 µs (the thread was preempted in between) is read
 /// again, up to three times. So it errs by microseconds, far below
 /// [`SUSPEND_FLOOR`].
+///
+/// A lease reads its clock several times a renewal, so each thread keeps its last
+/// answer with the boot time it was read at, and gives it again while the boot time
+/// has moved less than [`REREAD_AFTER`] since: one clock read instead of three (see
+/// [`Reading::reuse`]).
 #[cfg(any(target_os = "linux", target_os = "android"))]
 fn suspended() -> std::time::Duration {
     #[cfg(test)]
@@ -123,6 +128,9 @@ fn suspended() -> std::time::Duration {
         return fake;
     }
     use rustix::time::{clock_gettime, ClockId};
+    std::thread_local! {
+        static LAST: std::cell::Cell<Option<Reading>> = const { std::cell::Cell::new(None) };
+    }
     let read = |id| {
         let t = clock_gettime(id);
         std::time::Duration::new(
@@ -130,17 +138,48 @@ fn suspended() -> std::time::Duration {
             u32::try_from(t.tv_nsec).unwrap_or(0),
         )
     };
-    let mut estimate = std::time::Duration::ZERO;
+    let last = LAST.with(std::cell::Cell::get);
+    if let Some(suspended) = last.and_then(|last| last.reuse(read(ClockId::Boottime))) {
+        return suspended;
+    }
+    let mut reading = Reading::default();
     for _ in 0..3 {
         let before = read(ClockId::Monotonic);
         let boottime = read(ClockId::Boottime);
         let after = read(ClockId::Monotonic);
-        estimate = boottime.saturating_sub(after);
+        reading = Reading {
+            boottime,
+            suspended: boottime.saturating_sub(after),
+        };
         if after.saturating_sub(before) <= std::time::Duration::from_micros(50) {
             break;
         }
     }
-    estimate
+    LAST.with(|last| last.set(Some(reading)));
+    reading.suspended
+}
+
+/// How far the boot time may move before a thread reads the suspended time again.
+const REREAD_AFTER: std::time::Duration = std::time::Duration::from_micros(100);
+
+/// A reading of the suspended time, and the boot time it was taken at.
+#[derive(Clone, Copy, Debug, Default)]
+struct Reading {
+    boottime: std::time::Duration,
+    suspended: std::time::Duration,
+}
+
+impl Reading {
+    /// This reading's answer when the boot time is now `boottime`, if it is still
+    /// good. A suspend since the reading advanced the boot time by at least its
+    /// length, so while the boot time has moved less than [`REREAD_AFTER`], any
+    /// suspend the reading missed is shorter than that: the answer is at most 100 µs
+    /// short, again far below [`SUSPEND_FLOOR`]. A longer suspend moves the boot time
+    /// past the bound, and the next read sees it.
+    fn reuse(self, boottime: std::time::Duration) -> Option<std::time::Duration> {
+        let moved = boottime.checked_sub(self.boottime)?;
+        (moved < REREAD_AFTER).then_some(self.suspended)
+    }
 }
 
 /// Elsewhere: no suspended time is counted (see [`LeaseClock`]).
@@ -229,6 +268,26 @@ mod tests {
             "{refused:?}"
         );
         FAKE_SUSPENDED.with(|s| s.set(None));
+    }
+
+    /// A reading is given again only while the boot time moved less than the bound:
+    /// a suspend moves it at least as far as the suspend lasted.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[test]
+    fn a_suspended_time_is_read_again_once_the_boot_time_moved_a_tenth_of_a_millisecond() {
+        let reading = Reading {
+            boottime: std::time::Duration::from_secs(100),
+            suspended: std::time::Duration::from_secs(7),
+        };
+        let after =
+            |micros| reading.reuse(reading.boottime + std::time::Duration::from_micros(micros));
+        assert_eq!(after(0), Some(reading.suspended));
+        assert_eq!(after(99), Some(reading.suspended));
+        // A suspend of 100 µs or longer since the reading: read again.
+        assert_eq!(after(100), None);
+        assert_eq!(after(5_000_000), None);
+        // A boot time before the reading's is not this thread's newer read: read again.
+        assert_eq!(reading.reuse(std::time::Duration::from_secs(99)), None);
     }
 
     #[test]
