@@ -93,46 +93,43 @@ impl Owner {
 impl OwnerToken {
     /// The ASCII form, e.g. `000102030405060708090a0b0c0d0e0f.1c`.
     pub fn encode(&self) -> EncodedToken {
-        let term_digits = hex_digits(self.term.0);
-        // Each byte is computed from its index, so the buffer is written once: no zero
-        // fill before the digits go in (a `memset` call on a 32-bit MCU).
-        EncodedToken {
-            buf: core::array::from_fn(|i| self.encoded_byte(i, term_digits)),
-            len: (OWNER_HEX_LEN + 1).wrapping_add(term_digits) as u8,
-        }
-    }
-
-    /// Byte `i` of the encoding, whose term has `term_digits` hex digits; zero past
-    /// the end.
-    fn encoded_byte(&self, i: usize, term_digits: u32) -> u8 {
-        let i = i as u32;
-        if i < OWNER_HEX_LEN {
-            let byte = self.owner.0.get((i / 2) as usize).copied().unwrap_or(0);
-            hex_digit(if i % 2 == 0 { byte >> 4 } else { byte })
-        } else if i == OWNER_HEX_LEN {
-            b'.'
-        } else {
-            // Digits still to come after this one; wraps past the last digit.
-            let after = term_digits.wrapping_sub(i.wrapping_sub(OWNER_HEX_LEN));
-            if after < term_digits {
-                hex_digit((self.term.0 >> after.wrapping_mul(4)) as u8)
-            } else {
-                0
+        let mut buf = [0; EncodedToken::CAPACITY];
+        // Every renewal on a text-based service encodes its token: each owner byte's
+        // two digits in one step, no branch on the position.
+        for (digits, byte) in buf.chunks_exact_mut(2).zip(self.owner.0) {
+            if let [high, low] = digits {
+                *high = hex_digit(byte >> 4);
+                *low = hex_digit(byte);
             }
+        }
+        buf[OWNER_HEX_LEN] = b'.';
+        let term_digits = hex_digits(self.term.0);
+        let end = (OWNER_HEX_LEN + 1).wrapping_add(term_digits);
+        // The term's digits, written from the lowest (the last).
+        let mut rest = self.term.0;
+        if let Some(digits) = buf.get_mut(OWNER_HEX_LEN + 1..end) {
+            for digit in digits.iter_mut().rev() {
+                *digit = hex_digit(rest as u8);
+                rest >>= 4;
+            }
+        }
+        EncodedToken {
+            buf,
+            len: end as u8,
         }
     }
 }
 
 /// Hex digits of the owner in an encoded token.
-const OWNER_HEX_LEN: u32 = 32;
+const OWNER_HEX_LEN: usize = 32;
 
 /// Hex digits of `value` without leading zeros (zero is one digit "0"): 1 to 8.
 ///
 /// Counted with shifts, not `leading_zeros`: thumbv6m has no count-leading-zeros
 /// instruction, and its library routine (`__clzsi2`, 108 B) is in no other part of a
 /// firmware.
-const fn hex_digits(value: u32) -> u32 {
-    let mut digits: u32 = 1;
+const fn hex_digits(value: u32) -> usize {
+    let mut digits: usize = 1;
     let mut rest = value >> 4;
     while rest != 0 {
         digits = digits.wrapping_add(1);
@@ -409,6 +406,17 @@ mod tests {
         for term in terms.chain([u32::MAX]) {
             let expected = format!("{}.{term:x}", "a5".repeat(16));
             assert_eq!(owner.token(Term(term)).encode().as_str(), expected);
+        }
+    }
+
+    #[test]
+    fn token_encoding_matches_std_formatting_for_every_owner_byte() {
+        extern crate std;
+        use std::{format, string::String};
+        for first in (0..=255u8).step_by(16) {
+            let owner = Owner(core::array::from_fn(|i| first.wrapping_add(i as u8)));
+            let hex: String = owner.0.iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(owner.token(Term(7)).encode().as_str(), format!("{hex}.7"));
         }
     }
 
