@@ -242,7 +242,7 @@ mod pem {
     }
 
     /// The client certificate chain and its key, checked to belong together (with
-    /// the process's default crypto provider, ring's if there is none).
+    /// the process's default crypto provider, aws-lc-rs's if there is none).
     pub fn client_identity(
         cert: &[u8],
         key: &[u8],
@@ -254,7 +254,7 @@ mod pem {
         })?;
         let provider = CryptoProvider::get_default()
             .cloned()
-            .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
+            .unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()));
         match rustls::sign::CertifiedKey::from_der(chain.clone(), key.clone_key(), &provider) {
             Ok(_) => Ok((chain, key)),
             Err(rustls::Error::InconsistentKeys(_)) => Err(TlsFileError::KeyMismatch),

@@ -38,7 +38,7 @@ impl TlsFiles {
     ) -> Result<TlsOptions, leasehold_driver::tls::TlsFileError> {
         if rustls::crypto::CryptoProvider::get_default().is_none() {
             // The provider tonic falls back on, installed for the check below too.
-            let _ = rustls::crypto::ring::default_provider().install_default();
+            let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
         }
         let mut options = TlsOptions::new().timeout(handshake);
         options = match &self.root_cert {

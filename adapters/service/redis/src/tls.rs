@@ -51,10 +51,10 @@ impl TlsFiles {
     }
 }
 
-/// rustls needs a process-wide crypto provider; installs ring's unless the
+/// rustls needs a process-wide crypto provider; installs aws-lc-rs's unless the
 /// application already chose one.
 pub(crate) fn install_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     }
 }

@@ -1,5 +1,5 @@
 //! Connecting to PostgreSQL over TLS (feature `postgres-tls`): libpq's `sslmode`s on
-//! `tokio-postgres` with a rustls connector (`tokio-postgres-rustls`, ring provider),
+//! `tokio-postgres` with a rustls connector (`tokio-postgres-rustls`, aws-lc-rs provider),
 //! a private CA and an optional client certificate.
 //!
 //! | `sslmode` | TLS | the server's certificate |
@@ -210,11 +210,11 @@ impl Tls {
             });
         }
         if CryptoProvider::get_default().is_none() {
-            let _ = rustls::crypto::ring::default_provider().install_default();
+            let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
         }
         let provider = CryptoProvider::get_default()
             .cloned()
-            .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
+            .unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()));
         let roots = match &self.root_cert {
             Some(pem) => Some(leasehold_driver::tls::root_certs(pem)?),
             None => None,
